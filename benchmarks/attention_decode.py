@@ -1,0 +1,223 @@
+"""Attention part of one decode step, all layers: FlashInfer dense decode vs LOCKS, on the GPU.
+
+    python benchmarks/attention_decode.py --out benchmarks/results/attention_decode.json
+
+Each step (every layer's attention) is captured in one CUDA graph and its
+replays are timed with CUDA events (median of --reps). Score, select and
+attend are also captured and timed alone. KV caches and summaries are random
+(timing does not depend on values); where the cache of all layers does not
+fit in memory, layers cycle over as many distinct per-layer buffers as fit
+(each far larger than the 60 MB L2, so every layer still streams from HBM);
+rows record how many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+
+from sglang_locks.config import LocksConfig
+from sglang_locks.decode import LocksDecode
+from sglang_locks.scoring import score_pages
+from sglang_locks.selection import select_pages, selected_lengths
+from sglang_locks.summaries import PageSummaries
+
+SHAPES = {  # layers, KV heads, query heads, head_dim
+    "llama3.1-8b": (32, 8, 32, 128),
+    "glm4-9b-1m": (40, 2, 32, 128),
+}
+GIB = 1 << 30
+
+
+def median_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def graph_ms(step, reps: int) -> float:
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    ms = median_ms(graph.replay, reps)
+    del graph
+    return ms
+
+
+def copy_bandwidth_gbs(reps: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    src = torch.randn(GIB // 2, device="cuda")  # 2 GiB
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), reps)
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
+def random_summaries(num_pages, hkv, d, rank):
+    s = PageSummaries.allocate(num_pages, hkv, d, rank, "int8-int4-int8", "cuda")
+    s.mu.random_(-127, 128)
+    s.basis.random_(0, 256)
+    s.coef.random_(-127, 128)
+    s.mu_scale.uniform_(0.01, 0.05)
+    s.coef_scale.uniform_(0.001, 0.01)
+    return s
+
+
+def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib):
+    layers, hkv, hq, d = SHAPES[shape]
+    slots = bsz * context + 16  # page 0 stays unused, as in SGLang
+    kv_layer_bytes = slots * hkv * d * 2 * 2
+    n_kv = max(1, min(layers, int(kv_cap_gib * GIB // kv_layer_bytes)))
+    cfg = LocksConfig(token_budget=budget)
+    num_pages = slots // 16
+    probe = PageSummaries.allocate(1, 1, d, cfg.rank, cfg.summary_precision)
+    sum_layer_bytes = num_pages * hkv * probe.bytes_per_page_per_head()
+    n_sum = max(1, min(layers, int(sum_cap_gib * GIB // sum_layer_bytes)))
+    if n_kv * kv_layer_bytes > 125 * GIB:
+        return None
+    ks = [torch.empty(slots, hkv, d, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(n_kv)]
+    vs = [torch.empty(slots, hkv, d, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(n_kv)]
+    sums = [random_summaries(num_pages, hkv, d, cfg.rank) for _ in range(n_sum)]
+    req_to_token = (torch.arange(bsz * context, device="cuda", dtype=torch.int32) + 16).view(bsz, context)
+    req_pool = torch.arange(bsz, device="cuda", dtype=torch.int32)
+    seq_lens_cpu = torch.full((bsz,), context, dtype=torch.int32)
+    seq_lens = seq_lens_cpu.cuda()
+    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
+    workspace = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+    sm_scale = d**-0.5
+
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+    dense = {}
+    indptr = torch.arange(bsz + 1, dtype=torch.int32) * context
+    for tc in (True, False) if hq // hkv <= 8 else (True,):
+        w = BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tc,
+            paged_kv_indptr_buffer=torch.empty(bsz + 1, dtype=torch.int32, device="cuda"),
+            paged_kv_indices_buffer=torch.empty(bsz * context, dtype=torch.int32, device="cuda"),
+            paged_kv_last_page_len_buffer=torch.empty(bsz, dtype=torch.int32, device="cuda"),
+        )
+        w.plan(indptr, req_to_token.reshape(-1), torch.ones(bsz, dtype=torch.int32), hq, hkv, d, 1,
+               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=sm_scale)
+        out = torch.empty_like(q)
+
+        def dense_step(w=w, out=out):
+            for layer in range(layers):
+                i = layer % n_kv
+                w.run(q, (ks[i].view(-1, 1, hkv, d), vs[i].view(-1, 1, hkv, d)), out=out)
+
+        dense["tc" if tc else "cuda_cores"] = graph_ms(dense_step, reps)
+    dense_ms = min(dense.values())
+
+    dec = LocksDecode(cfg, workspace, hq, hkv, d, bsz, use_cuda_graph=True)
+    dec.plan(seq_lens_cpu, torch.bfloat16, torch.bfloat16, sm_scale)
+    tables = (req_to_token, req_pool, seq_lens)
+
+    def locks_step():
+        for layer in range(layers):
+            dec.run(q, ks[layer % n_kv], vs[layer % n_kv], sums[layer % n_sum], *tables)
+
+    def score_step():
+        for layer in range(layers):
+            score_pages(q, sums[layer % n_sum], *tables, dec.max_pages, sm_scale, cfg)
+
+    agg = score_pages(q, sums[0], *tables, dec.max_pages, sm_scale, cfg)
+
+    def select_step():
+        for _ in range(layers):
+            dec.sparse.write_indices(select_pages(agg, cfg.budget_pages), req_to_token, req_pool, seq_lens, cfg.budget_pages)
+
+    def attend_step():
+        for layer in range(layers):
+            dec.sparse.run(q, ks[layer % n_kv], vs[layer % n_kv])
+
+    locks_ms = graph_ms(locks_step, reps)
+    score_ms, select_ms, attend_ms = (graph_ms(f, reps) for f in (score_step, select_step, attend_step))
+
+    n_sealed = context // 16
+    selected_tokens = int(selected_lengths(seq_lens_cpu, hkv, cfg.budget_pages).sum())
+    summary_bytes = layers * bsz * hkv * n_sealed * probe.bytes_per_page_per_head()
+    page_id_bytes = layers * bsz * n_sealed * 4
+    score_io_bytes = layers * bsz * n_sealed * 4 * (2 * hq + 2 * hkv)  # scores + aggregate, written and read
+    selected_kv_bytes = layers * selected_tokens * d * 2 * 2
+    index_bytes = layers * selected_tokens * 4 * 2
+    bytes_dense = layers * bsz * context * hkv * d * 2 * 2
+    bytes_locks = summary_bytes + page_id_bytes + selected_kv_bytes + index_bytes
+    del ks, vs, sums, dec
+    torch.cuda.empty_cache()
+    return {
+        "shape": shape, "batch": bsz, "context": context, "budget": budget,
+        "dense_ms": dense_ms, "dense_ms_by_kernel": dense, "locks_ms": locks_ms, "speedup": dense_ms / locks_ms,
+        "score_ms": score_ms, "select_ms": select_ms, "attend_ms": attend_ms,
+        "bytes_dense": bytes_dense, "bytes_locks": bytes_locks,
+        "bytes_locks_parts": {"summaries": summary_bytes, "page_ids": page_id_bytes, "selected_kv": selected_kv_bytes,
+                              "indices": index_bytes, "score_intermediates": score_io_bytes},
+        "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="llama3.1-8b,glm4-9b-1m")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--contexts", default="32768,131072,262144,1048576")
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--kv-cap-gib", type=float, default=64)
+    ap.add_argument("--summary-cap-gib", type=float, default=24)
+    ap.add_argument("--max-kv-tokens", type=int, default=4 << 20, help="skip cases with more tokens in the batch")
+    ap.add_argument("--time-limit", type=float, default=400, help="seconds; later cases are skipped")
+    args = ap.parse_args()
+    t0 = time.time()
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    header = {
+        "gpu": torch.cuda.get_device_name(), "git": git or os.environ.get("GIT_REV", "unknown"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python"] + sys.argv), "torch": torch.__version__,
+        "copy_bandwidth_gbs": copy_bandwidth_gbs(),
+    }
+    rows, skipped = [], []
+    for shape in args.shapes.split(","):
+        for bsz in map(int, args.batches.split(",")):
+            for ctx in map(int, args.contexts.split(",")):
+                case = f"{shape} bs={bsz} N={ctx}"
+                if bsz * ctx > args.max_kv_tokens or time.time() - t0 > args.time_limit:
+                    skipped.append(case)
+                    continue
+                row = bench_case(shape, bsz, ctx, args.budget, args.reps, args.kv_cap_gib, args.summary_cap_gib)
+                if row is None:
+                    skipped.append(case)
+                    continue
+                row["floor_dense_ms"] = row["bytes_dense"] / header["copy_bandwidth_gbs"] / 1e6
+                row["floor_locks_ms"] = row["bytes_locks"] / header["copy_bandwidth_gbs"] / 1e6
+                rows.append(row)
+                print(f"{case}: dense {row['dense_ms']:.3f} ms, locks {row['locks_ms']:.3f} ms "
+                      f"(score {row['score_ms']:.3f}, select {row['select_ms']:.3f}, attend {row['attend_ms']:.3f}) "
+                      f"speedup {row['speedup']:.2f}x, floor ratio {row['floor_dense_ms'] / row['floor_locks_ms']:.1f}x",
+                      flush=True)
+                with open(args.out, "w") as f:
+                    json.dump({**header, "rows": rows, "skipped": skipped}, f, indent=1)
+    with open(args.out, "w") as f:
+        json.dump({**header, "rows": rows, "skipped": skipped}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""LOCKS configuration: one dataclass, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Tuple
+
+PAGE_SIZE = 16
+SUMMARY_PRECISIONS = ("fp32", "bf16", "int8-int4-int8")
+GQA_AGGREGATIONS = ("mass", "max", "logsumexp")
+
+
+@dataclass(frozen=True)
+class LocksConfig:
+    """What LOCKS keeps per page and how much it attends per decode step.
+
+    token_budget counts the sealed pages attended per (request, KV head): the
+    sink pages, the last local_pages sealed pages and the best-scored rest,
+    ``token_budget // page_size`` pages in all. The unsealed tail page (0-15
+    tokens) is attended on top of the budget. A context whose sealed pages all
+    fit in the budget is attended densely.
+    """
+
+    page_size: int = PAGE_SIZE
+    rank: int = 8
+    token_budget: int = 2048
+    sink_pages: int = 1
+    local_pages: int = 1
+    dense_layers: Tuple[int, ...] = field(default_factory=tuple)
+    summary_precision: str = "int8-int4-int8"
+    gqa_aggregation: str = "mass"
+
+    def __post_init__(self) -> None:
+        if self.page_size != PAGE_SIZE:
+            raise ValueError(
+                f"page_size must be {PAGE_SIZE} (LOCKS summarises 16-token pages), got {self.page_size}"
+            )
+        if not 1 <= self.rank <= self.page_size:
+            raise ValueError(f"rank must be in [1, page_size={self.page_size}], got {self.rank}")
+        if self.sink_pages < 0:
+            raise ValueError(f"sink_pages must be >= 0, got {self.sink_pages}")
+        if self.local_pages < 0:
+            raise ValueError(f"local_pages must be >= 0, got {self.local_pages}")
+        min_budget = (self.sink_pages + self.local_pages + 1) * self.page_size
+        if self.token_budget < min_budget or self.token_budget % self.page_size:
+            raise ValueError(
+                f"token_budget must be a multiple of {self.page_size} and >= "
+                f"(sink_pages + local_pages + 1) * page_size = {min_budget}, got {self.token_budget}"
+            )
+        if any((not isinstance(l, int)) or l < 0 for l in self.dense_layers):
+            raise ValueError(f"dense_layers must be layer indices >= 0, got {self.dense_layers}")
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
+        if self.summary_precision not in SUMMARY_PRECISIONS:
+            raise ValueError(
+                f"summary_precision must be one of {SUMMARY_PRECISIONS}, got {self.summary_precision!r}"
+            )
+        if self.gqa_aggregation not in GQA_AGGREGATIONS:
+            raise ValueError(
+                f"gqa_aggregation must be one of {GQA_AGGREGATIONS}, got {self.gqa_aggregation!r}"
+            )
+
+    @property
+    def budget_pages(self) -> int:
+        """Sealed pages attended per (request, KV head), forced ones included."""
+        return self.token_budget // self.page_size
+
+    @property
+    def quantized(self) -> bool:
+        return self.summary_precision == "int8-int4-int8"

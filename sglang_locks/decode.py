@@ -1,0 +1,68 @@
+"""LocksDecode: score, select and attend for one decode step of one layer."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import LocksConfig
+from .kernels.score_pages import score_pages_torch
+from .kernels.aggregate_scores import aggregate_scores_torch
+from .kernels.selected_indices import selected_indices_torch
+from .scoring import score_pages
+from .selection import select_pages
+from .sparse_decode import SparseDecodeWrapper, sparse_decode_reference
+from .summaries import PageSummaries
+
+
+class LocksDecode:
+    """The LOCKS decode path, shaped like a FlashInfer wrapper: plan per step, run per layer.
+
+    run() launches only device work on static buffers, so a decode step of all
+    layers can be captured in one CUDA graph after plan().
+    """
+
+    def __init__(
+        self,
+        config: LocksConfig,
+        workspace: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_batch_size: int,
+        use_cuda_graph: bool = False,
+    ) -> None:
+        self.config = config
+        max_indices = max_batch_size * num_kv_heads * (config.token_budget + config.page_size - 1)
+        self.sparse = SparseDecodeWrapper(
+            workspace, num_qo_heads, num_kv_heads, head_dim, max_batch_size, max_indices, use_cuda_graph
+        )
+        self.sm_scale = head_dim**-0.5
+        self.max_pages = 0
+
+    def plan(self, seq_lens_cpu: torch.Tensor, q_dtype, kv_dtype, sm_scale: float = None, max_pages: int = None) -> None:
+        """max_pages: width of the score buffers (static under CUDA graphs); default the longest request's."""
+        if sm_scale is not None:
+            self.sm_scale = sm_scale
+        self.max_pages = max_pages or max(1, int(seq_lens_cpu.max()) // self.config.page_size)
+        self.sparse.plan(seq_lens_cpu, self.config.budget_pages, q_dtype, kv_dtype, self.sm_scale)
+
+    def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens) -> None:
+        agg = score_pages(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages, self.sm_scale, self.config)
+        sel = select_pages(agg, self.config.budget_pages)
+        self.sparse.write_indices(sel, req_to_token, req_pool_indices, seq_lens, self.config.budget_pages)
+
+    def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens):
+        """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""
+        self.select(q, summaries, req_to_token, req_pool_indices, seq_lens)
+        return self.sparse.run(q, k_cache, v_cache)
+
+
+def locks_decode_reference(q, k_cache, v_cache, summaries, req_to_token, req_pool_indices, seq_lens, config: LocksConfig, sm_scale: float):
+    """Torch reference of LocksDecode.run (scores in the dtype of q, attention in float32)."""
+    hkv = summaries.num_kv_heads
+    max_pages = max(1, int(seq_lens.max()) // config.page_size)
+    scores = score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
+    agg = aggregate_scores_torch(scores, seq_lens, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation)
+    sel = select_pages(agg, config.budget_pages)
+    indptr, indices = selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, hkv, config.budget_pages)
+    return sparse_decode_reference(q, k_cache, v_cache, indptr, indices, hkv, sm_scale)

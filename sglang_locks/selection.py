@@ -1,0 +1,34 @@
+"""select_pages: top pages per (request, KV head) within the token budget."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import PAGE_SIZE
+
+
+def select_pages(agg: torch.Tensor, budget_pages: int) -> torch.Tensor:
+    """agg [B, H_kv, P] (forced pages +inf, padding -inf) -> logical page ids [B * H_kv, k].
+
+    k = min(budget_pages, P). Rows whose sealed pages all fit are attended
+    densely by selected_indices, which then ignores their entries here.
+    """
+    rows = agg.shape[0] * agg.shape[1]
+    k = min(budget_pages, agg.shape[2])
+    if k == 0:
+        return torch.zeros(rows, 0, dtype=torch.int64, device=agg.device)
+    return torch.topk(agg.view(rows, -1), k, dim=1, sorted=False).indices
+
+
+def selected_lengths(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: int) -> torch.Tensor:
+    """Tokens attended by each (request, KV head) row: a function of seq_len alone."""
+    n_sealed = seq_lens.long() // PAGE_SIZE
+    lens = torch.clamp(n_sealed, max=budget_pages) * PAGE_SIZE + seq_lens.long() - n_sealed * PAGE_SIZE
+    return lens.repeat_interleave(num_kv_heads)
+
+
+def selection_indptr(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: int) -> torch.Tensor:
+    lens = selected_lengths(seq_lens, num_kv_heads, budget_pages)
+    indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=seq_lens.device)
+    indptr[1:] = lens.cumsum(0)
+    return indptr

@@ -1,0 +1,237 @@
+"""Per-page key summaries: centroid, page-local basis and per-key coefficients.
+
+A sealed 16-token page of keys K (per layer and KV head) is summarised as
+
+    mu = mean(K),   V = top-r right singular vectors of K - mu  (r x d),
+    C  = (K - mu) V^T  (16 x r),
+
+so that K ~ mu + C V and a query's logits are q.mu + (V q).c_i.
+
+Storage (``PageSummaries``), per page and KV head, for precision
+``int8-int4-int8`` and head_dim d, rank r (d=128, r=8: 804 bytes against
+16*d*2*2 = 8192 bytes of K+V, 9.8 %):
+
+    mu         int8  [d]        mu ~ mu_scale * mu_q           (d bytes)
+    mu_scale   fp32  []                                         (4 bytes)
+    basis      uint8 [r, d/2]   int4 two's complement: byte k holds element k
+                                in its low nibble and element k + d/2 in its
+                                high nibble (so a kernel multiplies the two
+                                halves of q without interleaving)  (r*d/2 bytes)
+    coef       int8  [16, r]                                    (16*r bytes)
+    coef_scale fp32  [r]        basis-row scale x coef-column scale, so that
+                                (V q).c_i = sum_r coef_scale_r (V_q,r . q) coef_q,ir
+                                                                (4*r bytes)
+
+Quantisation is error-compensating: mu and V are quantised first, then C is the
+least-squares fit of the centred keys in the *quantised* basis, so the
+quantised summary reconstructs K as well as it can.
+Precisions ``fp32`` and ``bf16`` store mu/basis/coef as floats with unit scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+import torch
+
+from .config import PAGE_SIZE, SUMMARY_PRECISIONS
+
+# Singular values below this fraction of the page's largest carry no signal
+# (repeated tokens, padding); their basis rows are zeroed instead of amplifying noise.
+_RANK_EPS = 1e-6
+
+
+def _check_keys(keys: torch.Tensor, rank: int) -> None:
+    if keys.dim() != 3 or keys.shape[1] != PAGE_SIZE:
+        raise ValueError(f"keys must be [pages, {PAGE_SIZE}, head_dim], got {tuple(keys.shape)}")
+    if not 1 <= rank <= PAGE_SIZE:
+        raise ValueError(f"rank must be in [1, {PAGE_SIZE}], got {rank}")
+    if keys.shape[2] % 2:
+        raise ValueError(f"head_dim must be even (int4 packing), got {keys.shape[2]}")
+
+
+def summarize_pages_reference(keys: torch.Tensor, rank: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 SVD reference. keys [n, 16, d] -> mu [n, d], basis [n, r, d], coef [n, 16, r]."""
+    _check_keys(keys, rank)
+    x = keys.double()
+    mu = x.mean(1)
+    dev = x - mu[:, None]
+    _, s, vh = torch.linalg.svd(dev, full_matrices=False)
+    r = min(rank, vh.shape[1])
+    basis = vh[:, :r] * (s[:, :r] > _RANK_EPS * s[:, :1].clamp_min(1e-300))[..., None]
+    basis = _pad_rank(basis, rank)
+    return mu, basis, dev @ basis.transpose(1, 2)
+
+
+def _pad_rank(basis: torch.Tensor, rank: int) -> torch.Tensor:
+    """Rank may exceed min(16, d); missing rows are zeros."""
+    if basis.shape[1] == rank:
+        return basis
+    pad = basis.new_zeros(basis.shape[0], rank - basis.shape[1], basis.shape[2])
+    return torch.cat([basis, pad], 1)
+
+
+def summarize_pages(keys: torch.Tensor, rank: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fast float32 path through the 16x16 Gram matrix of each page.
+
+    Eigenvectors U of G = X X^T (X the centred keys) give V = U^T X / sqrt(lambda)
+    and C = U sqrt(lambda): one batched 16x16 eigendecomposition instead of a
+    16 x d SVD per page.
+    """
+    _check_keys(keys, rank)
+    x = keys.float()
+    mu = x.mean(1)
+    dev = x - mu[:, None]
+    gram = dev @ dev.transpose(1, 2)
+    # eigh returns ascending eigenvalues: take the last r, largest first.
+    lam, u = torch.linalg.eigh(gram.double() if x.device.type == "cpu" else gram)
+    r = min(rank, PAGE_SIZE)
+    lam = lam.flip(-1)[:, :r].to(x.dtype)
+    u = u.flip(-1)[..., :r].to(x.dtype)
+    keep = lam > _RANK_EPS**2 * lam[:, :1].clamp_min(1e-30)
+    inv_sqrt = torch.where(keep, lam.clamp_min(1e-30).rsqrt(), torch.zeros_like(lam))
+    basis = (u.transpose(1, 2) @ dev) * inv_sqrt[..., None]
+    basis = _pad_rank(basis, rank)
+    return mu, basis, dev @ basis.transpose(1, 2)
+
+
+def pack_int4(values: torch.Tensor) -> torch.Tensor:
+    """int values in [-8, 7], last dim d (even) -> uint8 [..., d/2] (low: k, high: k + d/2)."""
+    half = values.shape[-1] // 2
+    lo = values[..., :half].to(torch.int32) & 15
+    hi = values[..., half:].to(torch.int32) & 15
+    return (lo | (hi << 4)).to(torch.uint8)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_int4, as int8 in [-8, 7]."""
+    p = packed.to(torch.int32)
+    lo = ((p & 15) ^ 8) - 8
+    hi = (((p >> 4) & 15) ^ 8) - 8
+    return torch.cat([lo, hi], -1).to(torch.int8)
+
+
+def _absmax_scale(x: torch.Tensor, qmax: int, dim: int) -> torch.Tensor:
+    return x.abs().amax(dim, keepdim=True).clamp_min(1e-12) / qmax
+
+
+def quantize_summary(
+    keys: torch.Tensor, mu: torch.Tensor, basis: torch.Tensor
+) -> Tuple[torch.Tensor, ...]:
+    """Quantise (mu, basis) and refit C in the quantised basis.
+
+    Returns mu_q int8 [n, d], mu_scale [n], basis_q uint8 [n, r, d/2],
+    coef_q int8 [n, 16, r], coef_scale [n, r].
+    """
+    x = keys.float()
+    mu_s = _absmax_scale(mu.float(), 127, -1)
+    mu_q = torch.round(mu.float() / mu_s).clamp(-127, 127)
+    v_s = _absmax_scale(basis.float(), 7, -1)  # per basis row
+    v_q = torch.round(basis.float() / v_s).clamp(-7, 7)
+    v_hat = v_q * v_s
+    dev = x - (mu_q * mu_s)[:, None]
+    # Least squares c = argmin |dev - c v_hat|: c = dev v_hat^T (v_hat v_hat^T)^+.
+    gram = v_hat @ v_hat.transpose(1, 2)
+    coef = dev @ v_hat.transpose(1, 2) @ torch.linalg.pinv(gram.double(), hermitian=True).float()
+    c_s = _absmax_scale(coef, 127, 1)  # per coefficient column
+    coef_q = torch.round(coef / c_s).clamp(-127, 127)
+    return (
+        mu_q.to(torch.int8),
+        mu_s.squeeze(-1),
+        pack_int4(v_q.to(torch.int8)),
+        coef_q.to(torch.int8),
+        (v_s.squeeze(-1) * c_s.squeeze(1)),
+    )
+
+
+@dataclass
+class PageSummaries:
+    """Summaries of one layer's pages, indexed by physical page id: [pages, H_kv, ...]."""
+
+    mu: torch.Tensor
+    mu_scale: torch.Tensor
+    basis: torch.Tensor
+    coef: torch.Tensor
+    coef_scale: torch.Tensor
+    precision: str
+
+    @classmethod
+    def allocate(
+        cls, num_pages: int, num_kv_heads: int, head_dim: int, rank: int, precision: str, device="cpu"
+    ) -> "PageSummaries":
+        if precision not in SUMMARY_PRECISIONS:
+            raise ValueError(f"summary_precision must be one of {SUMMARY_PRECISIONS}, got {precision!r}")
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even, got {head_dim}")
+        shape = (num_pages, num_kv_heads)
+        if precision == "int8-int4-int8":
+            mu = torch.zeros(*shape, head_dim, dtype=torch.int8, device=device)
+            basis = torch.zeros(*shape, rank, head_dim // 2, dtype=torch.uint8, device=device)
+            coef = torch.zeros(*shape, PAGE_SIZE, rank, dtype=torch.int8, device=device)
+        else:
+            dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+            mu = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
+            basis = torch.zeros(*shape, rank, head_dim, dtype=dtype, device=device)
+            coef = torch.zeros(*shape, PAGE_SIZE, rank, dtype=dtype, device=device)
+        return cls(
+            mu=mu,
+            mu_scale=torch.ones(shape, dtype=torch.float32, device=device),
+            basis=basis,
+            coef=coef,
+            coef_scale=torch.ones(*shape, rank, dtype=torch.float32, device=device),
+            precision=precision,
+        )
+
+    @property
+    def num_pages(self) -> int:
+        return self.mu.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.mu.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.mu.shape[2]
+
+    @property
+    def rank(self) -> int:
+        return self.coef.shape[-1]
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision == "int8-int4-int8"
+
+    def bytes_per_page_per_head(self) -> int:
+        return sum(
+            t[0, 0].numel() * t.element_size()
+            for t in (self.mu, self.mu_scale, self.basis, self.coef, self.coef_scale)
+        )
+
+    def write(self, page_ids: torch.Tensor, keys: torch.Tensor, reference: bool = False) -> None:
+        """Summarise keys [n, 16, H_kv, d] (token-major, as cached) into pages page_ids [n]."""
+        n, _, h, d = keys.shape
+        flat = keys.permute(0, 2, 1, 3).reshape(n * h, PAGE_SIZE, d)
+        summarize = summarize_pages_reference if reference else summarize_pages
+        mu, basis, coef = summarize(flat, self.rank)
+        if self.quantized:
+            parts = quantize_summary(flat, mu, basis)
+            targets = (self.mu, self.mu_scale, self.basis, self.coef, self.coef_scale)
+        else:
+            parts = (mu, basis, coef)
+            targets = (self.mu, self.basis, self.coef)
+        for dst, src in zip(targets, parts):
+            dst[page_ids] = src.reshape(n, h, *src.shape[1:]).to(dst.dtype)
+
+    def dequantize(self, page_ids: torch.Tensor = None):
+        """Float32 (mu [.., d], basis [.., r, d], coef [.., 16, r]) with scales applied.
+
+        The coefficient scales are folded into coef, so mu + coef @ basis
+        reconstructs the keys the score sees.
+        """
+        sel = (lambda t: t) if page_ids is None else (lambda t: t[page_ids])
+        mu = sel(self.mu).float() * sel(self.mu_scale)[..., None]
+        basis = unpack_int4(sel(self.basis)).float() if self.quantized else sel(self.basis).float()
+        coef = sel(self.coef).float() * sel(self.coef_scale)[..., None, :]
+        return mu, basis, coef

@@ -1,0 +1,36 @@
+"""Random paged caches shaped like SGLang's: a token-major KV pool and a req_to_token table."""
+
+import torch
+
+from sglang_locks.summaries import PageSummaries
+
+
+def random_cache(seq_lens, num_kv_heads, head_dim, precision="int8-int4-int8", rank=8, device="cpu",
+                 dtype=torch.bfloat16, seed=0):
+    """Requests of the given lengths on scattered physical pages; summaries of every sealed page."""
+    gen = torch.Generator().manual_seed(seed)
+    pages_per_req = [-(-n // 16) for n in seq_lens]
+    num_pages = sum(pages_per_req) + 3  # page 0 unused, like SGLang's allocator
+    perm = torch.randperm(num_pages - 1, generator=gen) + 1
+    max_ctx = max(16, max(pages_per_req) * 16)
+    req_to_token = torch.zeros(len(seq_lens) + 1, max_ctx, dtype=torch.int32)
+    at = 0
+    for i, n_pages in enumerate(pages_per_req):
+        pages = perm[at : at + n_pages]
+        at += n_pages
+        req_to_token[i + 1, : n_pages * 16] = (pages[:, None] * 16 + torch.arange(16)).reshape(-1)
+    # Keys with a common offset and per-page structure, like real post-RoPE keys.
+    k = torch.randn(num_pages * 16, num_kv_heads, head_dim, generator=gen)
+    k += 2 * torch.randn(num_pages, 1, num_kv_heads, head_dim, generator=gen).repeat_interleave(16, 0).view_as(k)
+    v = torch.randn(num_pages * 16, num_kv_heads, head_dim, generator=gen)
+    summaries = PageSummaries.allocate(num_pages, num_kv_heads, head_dim, rank, precision, device)
+    summaries.write(torch.arange(num_pages, device=device), k.to(device).view(num_pages, 16, num_kv_heads, head_dim))
+    req_pool_indices = torch.arange(1, len(seq_lens) + 1, dtype=torch.int32)
+    # Shuffle request order so that pool row != batch row.
+    order = torch.randperm(len(seq_lens), generator=gen)
+    return dict(
+        k_cache=k.to(device, dtype), v_cache=v.to(device, dtype), summaries=summaries,
+        req_to_token=req_to_token.to(device),
+        req_pool_indices=req_pool_indices[order].to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32)[order].to(device),
+    )

@@ -1,0 +1,38 @@
+import pytest
+
+from sglang_locks.config import LocksConfig
+
+
+def test_defaults_valid():
+    c = LocksConfig()
+    assert (c.page_size, c.rank, c.token_budget, c.budget_pages) == (16, 8, 2048, 128)
+    assert c.quantized
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(page_size=32), "page_size"),
+        (dict(rank=17), "rank"),
+        (dict(rank=0), "rank"),
+        (dict(token_budget=32), "token_budget"),  # < (1 + 1 + 1) * 16
+        (dict(token_budget=100), "token_budget"),  # not a page multiple
+        (dict(sink_pages=-1), "sink_pages"),
+        (dict(local_pages=-2), "local_pages"),
+        (dict(dense_layers=(-1,)), "dense_layers"),
+        (dict(summary_precision="int2"), "summary_precision"),
+        (dict(gqa_aggregation="mean"), "gqa_aggregation"),
+    ],
+)
+def test_invalid_values_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        LocksConfig(**kwargs)
+
+
+def test_budget_error_gives_allowed_range():
+    with pytest.raises(ValueError, match=r">= \(sink_pages \+ local_pages \+ 1\) \* page_size = 80"):
+        LocksConfig(token_budget=64, sink_pages=2, local_pages=2)
+
+
+def test_dense_layers_normalised():
+    assert LocksConfig(dense_layers=(3, 0, 3)).dense_layers == (0, 3)

@@ -1,0 +1,116 @@
+"""FlashInfer sparse decode and the whole LOCKS step on the GPU, against torch references."""
+
+import pytest
+import torch
+
+from helpers import random_cache
+from sglang_locks.config import LocksConfig
+from sglang_locks.decode import LocksDecode
+from sglang_locks.selection import selection_indptr
+from sglang_locks.sparse_decode import SparseDecodeWrapper, dense_decode_reference, sparse_decode_reference
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [  # seq_lens, KV heads, group
+    ([16 * 300 + 5, 77, 16 * 129], 8, 4),
+    ([16 * 500 + 11], 2, 16),
+    ([9, 16 * 140 + 1, 16 * 200, 3000], 4, 8),
+    ([16 * 260 + 15, 40], 2, 1),
+]
+
+
+def _workspace():
+    return torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)
+def test_sparse_decode_matches_reference(seq_lens, hkv, group):
+    c = random_cache(seq_lens, hkv, 128, device="cuda", seed=group)
+    cfg = LocksConfig(token_budget=512)
+    bsz = len(seq_lens)
+    q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
+    dec = SparseDecodeWrapper(_workspace(), hkv * group, hkv, 128, bsz, bsz * hkv * (512 + 15))
+    dec.plan(c["seq_lens"].cpu(), cfg.budget_pages, torch.bfloat16, torch.bfloat16, 128**-0.5)
+    # Random page picks per row exercise arbitrary index lists.
+    max_pages = max(seq_lens) // 16
+    sel = torch.stack([torch.randperm(max(max_pages, 1), device="cuda")[: min(cfg.budget_pages, max_pages)] for _ in range(bsz * hkv)])
+    dec.write_indices(sel, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], cfg.budget_pages)
+    out = dec.run(q, c["k_cache"], c["v_cache"])
+    indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, dec.indices[: int(indptr[-1])], hkv, 128**-0.5)
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)
+@pytest.mark.parametrize("precision", ["int8-int4-int8", "fp32"])
+def test_locks_step_matches_reference(seq_lens, hkv, group, precision):
+    c = random_cache(seq_lens, hkv, 128, precision, device="cuda", seed=11 + group)
+    cfg = LocksConfig(token_budget=256, summary_precision=precision)
+    bsz = len(seq_lens)
+    q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
+    dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, bsz)
+    dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
+    out = dec.run(q, c["k_cache"], c["v_cache"], c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
+    indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    got = dec.sparse.indices[: int(indptr[-1])].cpu()
+    # Attention over the pages the GPU picked, within bf16 precision.
+    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, got, hkv, 128**-0.5)
+    assert _rel(out, ref) < 1e-2
+    # The picks agree with the float64 reference's but for near-ties.
+    _, want = selected_indices_reference(q, c, cfg)
+    same = sum(len(set(got[a:b].tolist()) & set(want[a:b].tolist())) for a, b in zip(indptr[:-1], indptr[1:]))
+    assert same >= 0.97 * len(want)
+
+
+def selected_indices_reference(q, c, cfg):
+    from sglang_locks.kernels.aggregate_scores import aggregate_scores_torch
+    from sglang_locks.kernels.score_pages import score_pages_torch
+    from sglang_locks.kernels.selected_indices import selected_indices_torch
+    from sglang_locks.selection import select_pages
+
+    hkv = c["summaries"].num_kv_heads
+    max_pages = max(1, int(c["seq_lens"].max()) // 16)
+    scores = score_pages_torch(q.double(), c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
+    agg = aggregate_scores_torch(scores, c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
+    sel = select_pages(agg, cfg.budget_pages)
+    return selected_indices_torch(sel.cpu(), c["req_to_token"].cpu(), c["req_pool_indices"].cpu(), c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+
+
+@pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)
+def test_budget_covering_context_equals_dense(seq_lens, hkv, group):
+    c = random_cache(seq_lens, hkv, 128, device="cuda", seed=5)
+    budget = (max(seq_lens) // 16 + 1) * 16
+    cfg = LocksConfig(token_budget=budget)
+    bsz = len(seq_lens)
+    q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
+    dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, bsz)
+    dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
+    out = dec.run(q, c["k_cache"], c["v_cache"], c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
+    ref = dense_decode_reference(q, c["k_cache"], c["v_cache"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], 128**-0.5)
+    assert _rel(out, ref) < 1e-2
+
+
+def test_cuda_graph_replay_follows_new_inputs():
+    seq_lens, hkv, group = [16 * 400 + 3, 16 * 90], 8, 4
+    c = random_cache(seq_lens, hkv, 128, device="cuda", seed=2)
+    cfg = LocksConfig(token_budget=512)
+    dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
+    dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
+    q = torch.randn(2, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
+    args = (c["k_cache"], c["v_cache"], c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
+    dec.run(q, *args)  # warm up (compiles)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dec.run(q, *args)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        eager = dec.run(q.clone(), *args)
+        assert torch.equal(out, eager)
+        indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+        ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, dec.sparse.indices[: int(indptr[-1])], hkv, 128**-0.5)
+        assert _rel(out, ref) < 1e-2

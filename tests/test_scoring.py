@@ -1,0 +1,91 @@
+"""Scoring and aggregation kernels against float64 torch references (Triton interpreter on CPU)."""
+
+import pytest
+import torch
+
+from helpers import random_cache
+from sglang_locks.config import LocksConfig
+from sglang_locks.kernels.aggregate_scores import aggregate_scores_torch, aggregate_scores_triton
+from sglang_locks.kernels.score_pages import BLOCK_PAGES, score_pages_torch, score_pages_triton
+from sglang_locks.scoring import score_pages
+from sglang_locks.summaries import PageSummaries
+
+CASES = [
+    # seq_lens (awkward, mixed, some shorter than a page), KV heads, group
+    ([16 * 37 + 5, 47, 3, 16 * 40], 2, 4),
+    ([16 * 33], 1, 16),
+    ([200, 16 * 65 + 15], 4, 1),
+    ([16 * 9 + 7, 16 * 70, 0], 2, 8),
+]
+
+
+@pytest.mark.parametrize("seq_lens, hkv, group", CASES)
+@pytest.mark.parametrize("precision", ["int8-int4-int8", "bf16", "fp32"])
+def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision, device):
+    c = random_cache(seq_lens, hkv, 128, precision, device=device, seed=len(seq_lens) * 7 + group)
+    q = torch.randn(len(seq_lens), hkv * group, 128, device=device).bfloat16()
+    max_pages = max(seq_lens) // 16 + 3  # wider than needed, like a static graph buffer
+    args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
+    scores, part_max, part_sum = score_pages_triton(q, *args)
+    ref = score_pages_torch(q.double(), *args)
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(scores), finite)
+    # bf16 summaries meet a bf16 tensor-core dot on the GPU; int8/int4 operands are exact there.
+    tol = 2e-2 if precision != "int8-int4-int8" else 1e-3
+    assert torch.allclose(scores[finite].double(), ref[finite], atol=tol, rtol=tol)
+    # Block partials: max and sum of exp of each block's scores.
+    blocks = torch.nn.functional.pad(ref, (0, part_max.shape[-1] * BLOCK_PAGES - max_pages), value=float("-inf"))
+    blocks = blocks.view(*ref.shape[:2], -1, BLOCK_PAGES)
+    lse_ref = torch.logsumexp(blocks, -1)
+    lse = part_max.double() + part_sum.double().log()
+    fin = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert torch.allclose(lse[fin], lse_ref[fin], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("mode", ["mass", "max", "logsumexp"])
+@pytest.mark.parametrize("seq_lens, hkv, group", CASES)
+def test_aggregate_kernel_matches_reference(mode, seq_lens, hkv, group, device):
+    c = random_cache(seq_lens, hkv, 128, device=device, seed=3)
+    q = torch.randn(len(seq_lens), hkv * group, 128, device=device)
+    max_pages = max(seq_lens) // 16 + 1
+    args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
+    scores, part_max, part_sum = score_pages_triton(q, *args)
+    got = aggregate_scores_triton(scores, part_max, part_sum, c["seq_lens"], hkv, 2, 1, mode, BLOCK_PAGES)
+    ref = aggregate_scores_torch(scores.double(), c["seq_lens"], hkv, 2, 1, mode)
+    assert torch.equal(got == float("inf"), ref == float("inf"))
+    assert torch.equal(got == float("-inf"), ref == float("-inf"))
+    fin = torch.isfinite(ref)
+    assert torch.allclose(got[fin].double(), ref[fin], atol=1e-4, rtol=1e-4)
+
+
+def test_forced_pages_and_padding():
+    scores = torch.randn(2, 4, 10).double()
+    seq_lens = torch.tensor([16 * 10 + 3, 16 * 5])
+    scores[1, :, 5:] = float("-inf")
+    agg = aggregate_scores_torch(scores, seq_lens, 2, 2, 1, "mass")
+    assert (agg[0, :, [0, 1, 9]] == float("inf")).all()  # sink 0, 1; local 9
+    assert torch.isfinite(agg[0, :, 2:9]).all()
+    assert (agg[1, :, [0, 1, 4]] == float("inf")).all() and (agg[1, :, 5:] == float("-inf")).all()
+
+
+def test_full_rank_scores_are_the_exact_page_log_mass(device):
+    """rank 16 = page size: the summary is lossless and the score is log sum_i exp(q.k_i * scale)."""
+    seq_lens = [16 * 21 + 9, 16 * 4]
+    c = random_cache(seq_lens, 2, 128, precision="fp32", rank=16, device=device, dtype=torch.float32)
+    q = torch.randn(2, 8, 128, device=device, dtype=torch.float64)
+    max_pages = 21
+    s = score_pages_torch(q, c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 0.1)
+    for b in range(2):
+        n_sealed = int(c["seq_lens"][b]) // 16
+        slots = c["req_to_token"][int(c["req_pool_indices"][b]), : n_sealed * 16].long()
+        k = c["k_cache"][slots].double().view(n_sealed, 16, 2, 128)
+        exact = torch.logsumexp(torch.einsum("hgd,pihd->hgpi", q[b].view(2, 4, 128), k) * 0.1, -1).reshape(8, n_sealed)
+        assert torch.allclose(s[b, :, :n_sealed], exact, atol=1e-4)
+
+
+def test_score_pages_rejects_bad_heads(device):
+    c = random_cache([64], 2, 128, device=device)
+    q = torch.randn(1, 3, 128, device=device)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        score_pages(q, c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], 4, 0.1, LocksConfig())
