@@ -127,7 +127,8 @@ def _score_pages_kernel(
 BLOCK_PAGES = 32
 
 
-def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale):
+def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
+                       block_pages=BLOCK_PAGES, num_warps=4):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
@@ -140,7 +141,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
     group = hq // hkv
-    block_p = BLOCK_PAGES
+    block_p = block_pages
     n_blocks = max(1, triton.cdiv(max_pages, block_p))
     scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
     part_max = torch.empty(bsz, hq, n_blocks, dtype=torch.float32, device=q.device)
@@ -156,7 +157,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         max_pages, n_blocks, sm_scale * LOG2E,
         HKV=hkv, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, R=rank,
         PAGE=16, BLOCK_P=block_p, QUANT=summaries.quantized, DOT_BF16=dot_in_bf16(q.device),
-        num_warps=4,
+        num_warps=num_warps,
     )
     return scores, part_max, part_sum
 

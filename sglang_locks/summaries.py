@@ -72,28 +72,31 @@ def _pad_rank(basis: torch.Tensor, rank: int) -> torch.Tensor:
     return torch.cat([basis, pad], 1)
 
 
-def summarize_pages(keys: torch.Tensor, rank: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fast float32 path through the 16x16 Gram matrix of each page.
+def summarize_pages(keys: torch.Tensor, rank: int, chunk: int = 8192) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fast path through the 16x16 Gram matrix of each page, float32 out.
 
     Eigenvectors U of G = X X^T (X the centred keys) give V = U^T X / sqrt(lambda)
     and C = U sqrt(lambda): one batched 16x16 eigendecomposition instead of a
-    16 x d SVD per page.
+    16 x d SVD per page. Gram and eigh run in float64 (float32 squares the
+    condition number and loses the weaker directions), in chunks (cuSOLVER's
+    batched eigh fails on very large batches).
     """
     _check_keys(keys, rank)
-    x = keys.float()
+    out = [_summarize_chunk(keys[i : i + chunk], rank) for i in range(0, max(1, keys.shape[0]), chunk)]
+    return tuple(torch.cat(parts) for parts in zip(*out))
+
+
+def _summarize_chunk(keys: torch.Tensor, rank: int):
+    x = keys.double()
     mu = x.mean(1)
     dev = x - mu[:, None]
-    gram = dev @ dev.transpose(1, 2)
-    # eigh returns ascending eigenvalues: take the last r, largest first.
-    lam, u = torch.linalg.eigh(gram.double() if x.device.type == "cpu" else gram)
+    lam, u = torch.linalg.eigh(dev @ dev.transpose(1, 2))
     r = min(rank, PAGE_SIZE)
-    lam = lam.flip(-1)[:, :r].to(x.dtype)
-    u = u.flip(-1)[..., :r].to(x.dtype)
-    keep = lam > _RANK_EPS**2 * lam[:, :1].clamp_min(1e-30)
-    inv_sqrt = torch.where(keep, lam.clamp_min(1e-30).rsqrt(), torch.zeros_like(lam))
-    basis = (u.transpose(1, 2) @ dev) * inv_sqrt[..., None]
-    basis = _pad_rank(basis, rank)
-    return mu, basis, dev @ basis.transpose(1, 2)
+    lam, u = lam.flip(-1)[:, :r], u.flip(-1)[..., :r]  # eigh is ascending: largest first
+    keep = lam > _RANK_EPS**2 * lam[:, :1].clamp_min(1e-300)
+    inv_sqrt = torch.where(keep, lam.clamp_min(1e-300).rsqrt(), torch.zeros_like(lam))
+    basis = _pad_rank((u.transpose(1, 2) @ dev) * inv_sqrt[..., None], rank)
+    return mu.float(), basis.float(), (dev @ basis.transpose(1, 2)).float()
 
 
 def pack_int4(values: torch.Tensor) -> torch.Tensor:
