@@ -38,7 +38,7 @@ def median_ms(fn, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--pages", type=int, default=8192 * 8, help="(page, KV head) pairs per call: 128K tokens x 8 KV heads")
+    ap.add_argument("--pages", type=int, default=16384, help="(page, KV head) pairs per call")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
