@@ -14,6 +14,8 @@ import torch
 
 from sglang_locks.summaries import quantize_summary, summarize_pages, summarize_pages_reference
 
+from attention_decode import median_ms  # run from benchmarks/ or with it on sys.path
+
 
 def svd_path(keys, rank):
     mu = keys.mean(1)
@@ -21,18 +23,6 @@ def svd_path(keys, rank):
     _, _, vh = torch.linalg.svd(dev, full_matrices=False)
     basis = vh[:, :rank]
     return mu, basis, dev @ basis.transpose(1, 2)
-
-
-def median_ms(fn, reps):
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def main():

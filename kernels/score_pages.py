@@ -23,7 +23,6 @@ import triton.language as tl
 from ._triton import dot_in_bf16
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @triton.jit

@@ -212,12 +212,11 @@ class PageSummaries:
             for t in (self.mu, self.mu_scale, self.basis, self.coef, self.coef_scale)
         )
 
-    def write(self, page_ids: torch.Tensor, keys: torch.Tensor, reference: bool = False) -> None:
+    def write(self, page_ids: torch.Tensor, keys: torch.Tensor) -> None:
         """Summarise keys [n, 16, H_kv, d] (token-major, as cached) into pages page_ids [n]."""
         n, _, h, d = keys.shape
         flat = keys.permute(0, 2, 1, 3).reshape(n * h, PAGE_SIZE, d)
-        summarize = summarize_pages_reference if reference else summarize_pages
-        mu, basis, coef = summarize(flat, self.rank)
+        mu, basis, coef = summarize_pages(flat, self.rank)
         if self.quantized:
             parts = quantize_summary(flat, mu, basis)
             targets = (self.mu, self.mu_scale, self.basis, self.coef, self.coef_scale)
