@@ -105,7 +105,7 @@ def _score_pages_kernel(
             v_hi = tl.load(v_base + HALF, mask=valid[None, :], other=0.0).to(tl.float32)
             proj = _dot(q_lo, v_lo, DOT_BF16) + _dot(q_hi, v_hi, DOT_BF16)
         cs = tl.load(coef_scale_ptr + rec * R + r, mask=valid, other=0.0)
-        c = tl.load(coef_ptr + (rec[:, None] * PAGE + i[None, :]) * R + r,
+        c = tl.load(coef_ptr + (rec[:, None] * R + r) * PAGE + i[None, :],
                     mask=valid[:, None], other=0).to(tl.float32)
         local += (proj * cs[None, :])[:, :, None] * c[None, :, :]
 

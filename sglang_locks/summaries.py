@@ -17,7 +17,8 @@ Storage (``PageSummaries``), per page and KV head, for precision
                                 in its low nibble and element k + d/2 in its
                                 high nibble (so a kernel multiplies the two
                                 halves of q without interleaving)  (r*d/2 bytes)
-    coef       int8  [16, r]                                    (16*r bytes)
+    coef       int8  [r, 16]    r-major: one coefficient of all 16 keys is one
+                                16-byte vector for the scoring kernel  (16*r bytes)
     coef_scale fp32  [r]        basis-row scale x coef-column scale, so that
                                 (V q).c_i = sum_r coef_scale_r (V_q,r . q) coef_q,ir
                                                                 (4*r bytes)
@@ -171,12 +172,12 @@ class PageSummaries:
         if precision == "int8-int4-int8":
             mu = torch.zeros(*shape, head_dim, dtype=torch.int8, device=device)
             basis = torch.zeros(*shape, rank, head_dim // 2, dtype=torch.uint8, device=device)
-            coef = torch.zeros(*shape, PAGE_SIZE, rank, dtype=torch.int8, device=device)
+            coef = torch.zeros(*shape, rank, PAGE_SIZE, dtype=torch.int8, device=device)
         else:
             dtype = torch.float32 if precision == "fp32" else torch.bfloat16
             mu = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
             basis = torch.zeros(*shape, rank, head_dim, dtype=dtype, device=device)
-            coef = torch.zeros(*shape, PAGE_SIZE, rank, dtype=dtype, device=device)
+            coef = torch.zeros(*shape, rank, PAGE_SIZE, dtype=dtype, device=device)
         return cls(
             mu=mu,
             mu_scale=torch.ones(shape, dtype=torch.float32, device=device),
@@ -200,7 +201,7 @@ class PageSummaries:
 
     @property
     def rank(self) -> int:
-        return self.coef.shape[-1]
+        return self.coef.shape[-2]
 
     @property
     def quantized(self) -> bool:
@@ -218,10 +219,11 @@ class PageSummaries:
         flat = keys.permute(0, 2, 1, 3).reshape(n * h, PAGE_SIZE, d)
         mu, basis, coef = summarize_pages(flat, self.rank)
         if self.quantized:
-            parts = quantize_summary(flat, mu, basis)
+            mu_q, mu_s, basis_q, coef_q, coef_s = quantize_summary(flat, mu, basis)
+            parts = (mu_q, mu_s, basis_q, coef_q.transpose(1, 2), coef_s)
             targets = (self.mu, self.mu_scale, self.basis, self.coef, self.coef_scale)
         else:
-            parts = (mu, basis, coef)
+            parts = (mu, basis, coef.transpose(1, 2))
             targets = (self.mu, self.basis, self.coef)
         for dst, src in zip(targets, parts):
             dst[page_ids] = src.reshape(n, h, *src.shape[1:]).to(dst.dtype)
@@ -235,5 +237,5 @@ class PageSummaries:
         sel = (lambda t: t) if page_ids is None else (lambda t: t[page_ids])
         mu = sel(self.mu).float() * sel(self.mu_scale)[..., None]
         basis = unpack_int4(sel(self.basis)).float() if self.quantized else sel(self.basis).float()
-        coef = sel(self.coef).float() * sel(self.coef_scale)[..., None, :]
+        coef = sel(self.coef).float().transpose(-1, -2) * sel(self.coef_scale)[..., None, :]
         return mu, basis, coef
