@@ -8,5 +8,5 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/gpu_tests.log"
-PYTHONPATH=benchmarks:$PYTHONPATH python3 benchmarks/summary_build.py --out "$OUT/summary_build.json" 2>&1 | tee "$OUT/summary_build.log"
+python3 benchmarks/summary_build.py --out "$OUT/summary_build.json" 2>&1 | tee "$OUT/summary_build.log"
 python3 benchmarks/attention_decode.py --out "$OUT/attention_decode.json" "$@" 2>&1 | tee "$OUT/attention_decode.log"

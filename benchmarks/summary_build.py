@@ -14,7 +14,7 @@ import torch
 
 from sglang_locks.summaries import quantize_summary, summarize_pages, summarize_pages_reference
 
-from attention_decode import median_ms  # run from benchmarks/ or with it on sys.path
+from attention_decode import median_ms  # a script's own folder is on sys.path
 
 
 def svd_path(keys, rank):
