@@ -2,31 +2,49 @@
 
     python benchmarks/score_sweep.py --out score_sweep.json
 
-One layer, bs=1, random int8-int4-int8 summaries; CUDA-event medians. The
-bandwidth column divides the summary bytes the scoring kernel must read by its time.
+One layer, bs=1, random int8-int4-int8 summaries; CUDA-event medians of CUDA
+graphs of --inner launches (a lone launch would time the host's launch
+latency, not the kernel). The
+bandwidth column divides the bytes the scoring kernel must move (summaries,
+page ids, scores written) by its time; copy_gbs is a device-to-device copy
+measured in the same run.
 """
 
 import argparse
+import itertools
 import json
 
 import torch
 
 from sglang_locks.config import LocksConfig
 from sglang_locks.kernels.aggregate_scores import aggregate_scores_triton
-from sglang_locks.kernels.score_pages import score_pages_triton
+from sglang_locks.kernels.score_pages import chunk_pages_for, score_pages_triton
 from sglang_locks.kernels.selected_indices import selected_indices_triton
-from sglang_locks.selection import select_pages, selection_indptr
+from sglang_locks.selection import select_pages
 
-from attention_decode import SHAPES, median_ms, random_summaries
+from attention_decode import SHAPES, copy_bandwidth_gbs, graph_ms, random_summaries
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--inner", type=int, default=20, help="launches per timed graph")
+    ap.add_argument("--block-pages", default="8,16,32")
+    ap.add_argument("--num-warps", default="4,8")
+    ap.add_argument("--num-stages", default="1,2,3")
+    ap.add_argument("--chunk-pages", default="0", help="0: the wrapper's default; else pages per program")
     args = ap.parse_args()
     cfg = LocksConfig()
+    copy_gbs = copy_bandwidth_gbs()
     rows = []
+
+    def kernel_us(fn):
+        def many():
+            for _ in range(args.inner):
+                fn()
+        return graph_ms(many, args.reps) * 1e3 / args.inner
+
     for shape, context in (("llama3.1-8b", 131072), ("glm4-9b-1m", 1048576)):
         _, hkv, hq, d = SHAPES[shape]
         pages = context // 16 + 1
@@ -36,31 +54,40 @@ def main():
         lens = torch.full((1,), context, device="cuda", dtype=torch.int32)
         q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
         max_pages = context // 16
-        sbytes = hkv * max_pages * summ.bytes_per_page_per_head()
-        for bp in (16, 32, 64):
-            for nw in (2, 4, 8):
-                try:
-                    ms = median_ms(lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, bp, nw), args.reps)
-                except Exception as e:  # out of resources for this tile
-                    rows.append({"shape": shape, "kernel": "score", "block_pages": bp, "num_warps": nw, "error": str(e)[:200]})
-                    continue
-                rows.append({"shape": shape, "kernel": "score", "block_pages": bp, "num_warps": nw, "us": ms * 1e3,
-                             "summary_gbs": sbytes / ms / 1e6})
+        moved = hkv * max_pages * summ.bytes_per_page_per_head() + max_pages * 4 * (1 + hq)
+        grid = itertools.product(*(map(int, a.split(",")) for a in (args.block_pages, args.num_warps, args.num_stages, args.chunk_pages)))
+        for bp, nw, ns, cp in grid:
+            try:
+                fn = lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, bp, nw, ns, cp or None)
+                us = kernel_us(fn)
+            except Exception as e:  # out of resources for this tile
+                rows.append({"shape": shape, "kernel": "score", "block_pages": bp, "num_warps": nw, "num_stages": ns,
+                             "chunk_pages": cp, "error": str(e)[:300]})
                 print(rows[-1], flush=True)
-        scores, pm, ps = score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088)
-        agg = aggregate_scores_triton(scores, pm, ps, lens, hkv, 1, 1, "mass", 32)
-        sel = select_pages(agg, cfg.budget_pages)
-        indptr = selection_indptr(lens.cpu(), hkv, cfg.budget_pages).cuda()
-        indices = torch.empty(int(indptr[-1]), dtype=torch.int32, device="cuda")
-        for name, fn in (
-            ("aggregate", lambda: aggregate_scores_triton(scores, pm, ps, lens, hkv, 1, 1, "mass", 32)),
-            ("topk", lambda: select_pages(agg, cfg.budget_pages)),
-            ("topk_sorted", lambda: torch.topk(agg.view(hkv, -1), cfg.budget_pages, dim=1)),
-            ("write_indices", lambda: selected_indices_triton(sel, r2t, rpi, lens, indptr, indices, hkv, cfg.budget_pages)),
-        ):
-            rows.append({"shape": shape, "kernel": name, "us": median_ms(fn, args.reps) * 1e3})
+                continue
+            rows.append({"shape": shape, "kernel": "score", "block_pages": bp, "num_warps": nw, "num_stages": ns,
+                         "chunk_pages": cp or chunk_pages_for(hkv, max_pages, q.device, bp), "us": us,
+                         "gbs": moved / us / 1e3, "copy_fraction": moved / us / 1e3 / copy_gbs})
             print(rows[-1], flush=True)
-    json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, open(args.out, "w"), indent=1)
+        scores, pm, ps = score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088)
+        indptr = torch.arange(hkv + 1, dtype=torch.int32, device="cuda") * cfg.token_budget
+        indices = torch.empty(hkv * cfg.token_budget, dtype=torch.int32, device="cuda")
+        agg_args = (scores, pm, ps, lens, hkv, 1, 1, "mass")
+        agg, cand = aggregate_scores_triton(*agg_args, cfg.budget_pages)
+
+        def select():
+            _, c = aggregate_scores_triton(*agg_args, cfg.budget_pages)
+            selected_indices_triton(c, r2t, rpi, lens, indptr, indices, hkv, cfg.budget_pages, max_pages)
+
+        for name, fn in (
+            ("aggregate", lambda: aggregate_scores_triton(*agg_args)),
+            ("aggregate+candidates", lambda: aggregate_scores_triton(*agg_args, cfg.budget_pages)),
+            ("aggregate+select_indices", select),
+            ("torch_topk", lambda: select_pages(agg, cfg.budget_pages)),
+        ):
+            rows.append({"shape": shape, "kernel": name, "us": kernel_us(fn)})
+            print(rows[-1], flush=True)
+    json.dump({"gpu": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "rows": rows}, open(args.out, "w"), indent=1)
 
 
 if __name__ == "__main__":

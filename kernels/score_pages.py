@@ -2,16 +2,25 @@
 
     s[b, hq, p] = logsumexp_i [ (q . mu_p + (V_p q) . c_p,i) * sm_scale ]
 
-The kernel never reads K or V. One program scores BLOCK_P pages of one
-(request, KV head) for all G query heads of the group: q (G x d, padded to 16
-rows) times the page centroids and the r basis rows of BLOCK_P pages are
-tensor-core dots with int8/int4 operands converted exactly to bf16. Each
-program also writes, per query head, the max and the sum of exp over its
-block, so that aggregate_scores can normalise per head without another pass
-over all scores.
+The kernel never reads K or V. Bytes per (page, KV head): the summary (804 at
+d=128, r=8, int8-int4-int8) + 4 for the page id + 4*G for the scores written.
+Work per (page, KV head) on tensor cores, G query heads padded to 16 rows:
 
-Bytes per (page, KV head): the summary (804 for d=128, r=8, int8-int4-int8)
-+ 4 for the page id + 4*G for the scores written.
+  1. q . mu and q . V (d x (r pages)) as two 2-D dots, the basis columns of
+     BLOCK_P pages side by side (N = BLOCK_P * r): the dominant FLOPs.
+  2. the per-key term sum_r (V q)_r c_ir as a batched dot over groups of
+     16 // r pages, whose coefficients form a block-diagonal [16, 16*pages]
+     operand (K = 16 satisfies tl.dot without padding r).
+
+int4 and int8 operands become exact fp16 integers with two or three integer
+instructions per four values (magic-number conversion: 0x64 in a half's high
+byte makes it 1024 + the low byte), instead of quarter-rate int-to-float
+conversions, which would cost more than reading the bytes. The padded query
+rows are zero, so summing the [16 // G, G] row blocks drops them before the
+exponentials. One program scores a chunk of pages of one (request, KV head)
+in a loop (loads of the next block overlap the current one's math) and writes
+per query head the max and sum of exp over its chunk, so aggregate_scores can
+normalise per head without another pass over all scores.
 """
 
 from __future__ import annotations
@@ -20,26 +29,90 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import dot_in_bf16
+from ._triton import interpreted
 
 LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _dot(a, b, BF16: tl.constexpr):
-    if BF16:
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    return tl.dot(a.to(tl.float32), b.to(tl.float32))
+def _int4_to_f16(x, FAST: tl.constexpr):
+    """uint8 bytes holding two int4 (low nibble: element k, high: element k + d/2) -> (lo, hi)."""
+    if FAST:
+        # xor 0x8 turns a nibble v into v + 8 in [0, 15]; 0x6400 | n is the half 1024 + n.
+        lo, hi = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 y, t0, t1, z, mag, off;
+            mov.b32 z, 0;
+            mov.b32 mag, 0x64006400;
+            mov.b32 off, 0x64086408;
+            xor.b32 y, $4, 0x88888888;
+            prmt.b32 t0, y, z, 0x4140;
+            prmt.b32 t1, y, z, 0x4342;
+            lop3.b32 $0, t0, 0x000F000F, mag, 0xEA;
+            lop3.b32 $1, t1, 0x000F000F, mag, 0xEA;
+            shr.u32 t0, t0, 4;
+            shr.u32 t1, t1, 4;
+            lop3.b32 $2, t0, 0x000F000F, mag, 0xEA;
+            lop3.b32 $3, t1, 0x000F000F, mag, 0xEA;
+            sub.f16x2 $0, $0, off;
+            sub.f16x2 $1, $1, off;
+            sub.f16x2 $2, $2, off;
+            sub.f16x2 $3, $3, off;
+            }
+            """,
+            constraints="=r,=r,=r,=r,r",
+            args=[x],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        xi = x.to(tl.int32)
+        lo = (((xi & 15) ^ 8) - 8).to(tl.float32)
+        hi = ((((xi >> 4) & 15) ^ 8) - 8).to(tl.float32)
+    return lo, hi
 
 
 @triton.jit
-def _unpack_lo(x):
-    return (((x & 15) ^ 8) - 8).to(tl.float32)
+def _int8_to_f16(x, FAST: tl.constexpr):
+    if FAST:
+        # xor 0x80 gives b + 128 in [0, 255]; the byte 0x64 above it makes the half 1024 + that.
+        y = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 y, mag, off;
+            mov.b32 mag, 0x64646464;
+            mov.b32 off, 0x64806480;
+            xor.b32 y, $2, 0x80808080;
+            prmt.b32 $0, y, mag, 0x5140;
+            prmt.b32 $1, y, mag, 0x5342;
+            sub.f16x2 $0, $0, off;
+            sub.f16x2 $1, $1, off;
+            }
+            """,
+            constraints="=r,=r,r",
+            args=[x],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        y = x.to(tl.float32)
+    return y
 
 
 @triton.jit
-def _unpack_hi(x):
-    return ((((x >> 4) & 15) ^ 8) - 8).to(tl.float32)
+def _operand(x, QUANT: tl.constexpr, FAST: tl.constexpr):
+    """A summary tile as a dot operand: int8 via the magic conversion, floats as they are."""
+    if QUANT:
+        y = _int8_to_f16(x, FAST)
+    elif FAST:
+        y = x.to(tl.float16)
+    else:
+        y = x.to(tl.float32)
+    return y
 
 
 @triton.jit
@@ -48,115 +121,173 @@ def _score_pages_kernel(
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
     scores_ptr, part_max_ptr, part_sum_ptr,
-    max_pages, n_blocks, scale_log2,
-    HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-    R: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
-    QUANT: tl.constexpr, DOT_BF16: tl.constexpr,
+    max_pages, n_chunks, chunk_pages, scale_log2,
+    HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, FAST: tl.constexpr, BIG: tl.constexpr,
 ):
     row = tl.program_id(0)
-    blk = tl.program_id(1)
+    chunk = tl.program_id(1)
     b = row // HKV
     h = row % HKV
     HALF: tl.constexpr = D // 2
+    GP: tl.constexpr = 16                 # query rows of a dot
+    SUB: tl.constexpr = 16 // RP          # pages per block-diagonal group (K = SUB * RP = 16)
+    NG: tl.constexpr = BLOCK_P // SUB     # groups per block
+    FOLD: tl.constexpr = GP // G          # zero row blocks of the padded queries
     n_sealed = tl.load(seq_lens_ptr + b) // PAGE
-    req = tl.load(req_pool_ptr + b).to(tl.int64)
+    table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
+    start = chunk * chunk_pages
+    end = tl.minimum(start + chunk_pages, max_pages)
+    end_sealed = tl.minimum(end, n_sealed)
 
-    g = tl.arange(0, BLOCK_G)
-    gmask = g < G
-    qh = h * G + g
-    p = blk * BLOCK_P + tl.arange(0, BLOCK_P)
-    valid = p < n_sealed
-    out_rows = (b * HKV * G + qh).to(tl.int64)
-    part_off = out_rows * n_blocks + blk
-
-    if blk * BLOCK_P >= n_sealed:
-        s_off = out_rows[:, None] * max_pages + p[None, :]
-        tl.store(scores_ptr + s_off, tl.full((BLOCK_G, BLOCK_P), float("-inf"), tl.float32),
-                 mask=gmask[:, None] & (p[None, :] < max_pages))
-        tl.store(part_max_ptr + part_off, tl.full((BLOCK_G,), float("-inf"), tl.float32), mask=gmask)
-        tl.store(part_sum_ptr + part_off, tl.zeros((BLOCK_G,), tl.float32), mask=gmask)
-        return
-
-    slot = tl.load(req_to_token_ptr + req * stride_rt + p * PAGE, mask=valid, other=0)
-    rec = (slot // PAGE).to(tl.int64) * HKV + h  # summary record of (page, KV head)
-
+    g = tl.arange(0, GP)
     k = tl.arange(0, HALF)
-    q_base = q_ptr + b * stride_qb + qh[:, None] * stride_qh + k[None, :]
-    q_lo = tl.load(q_base, mask=gmask[:, None], other=0.0)
-    q_hi = tl.load(q_base + HALF, mask=gmask[:, None], other=0.0)
+    q_base = q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + k[None, :]
+    q_lo = tl.load(q_base, mask=(g < G)[:, None], other=0.0)
+    q_hi = tl.load(q_base + HALF, mask=(g < G)[:, None], other=0.0)
+    if FAST:
+        q_lo = q_lo.to(tl.float16)
+        q_hi = q_hi.to(tl.float16)
+    else:
+        q_lo = q_lo.to(tl.float32)
+        q_hi = q_hi.to(tl.float32)
 
-    # q . mu as two half-width dots (the int4 basis is stored that way, mu follows suit).
-    mu_base = mu_ptr + rec[None, :] * D + k[:, None]
-    mu_lo = tl.load(mu_base, mask=valid[None, :], other=0).to(tl.float32)
-    mu_hi = tl.load(mu_base + HALF, mask=valid[None, :], other=0).to(tl.float32)
-    qmu = _dot(q_lo, mu_lo, DOT_BF16) + _dot(q_hi, mu_hi, DOT_BF16)
-    qmu = qmu * tl.load(mu_scale_ptr + rec, mask=valid, other=0.0)[None, :]
+    gg = tl.arange(0, G)
+    out_rows = (b * HKV * G + h * G + gg).to(tl.int64)
+    run_m = tl.full((G,), float("-inf"), tl.float32)
+    run_s = tl.zeros((G,), tl.float32)
+    jp = tl.arange(0, BLOCK_P)
+    n = tl.arange(0, BLOCK_P * RP)        # basis column (page j, rank r) = (n // RP, n % RP)
+    e = tl.arange(0, RP * PAGE)           # a page's coefficients, r-major
+    same_page = tl.arange(0, SUB)[:, None] == tl.arange(0, SUB)[None, :]
 
-    i = tl.arange(0, PAGE)
-    local = tl.zeros((BLOCK_G, BLOCK_P, PAGE), tl.float32)
-    for r in tl.static_range(R):
+    # Page ids of the next block are loaded one iteration ahead: the summary loads that
+    # depend on them then wait for one memory round trip, not two.
+    slot_next = tl.load(table + (start + jp) * PAGE, mask=start + jp < end_sealed, other=0)
+    for p0 in range(start, end_sealed, BLOCK_P):
+        p = p0 + jp
+        valid = p < end_sealed
+        slot = slot_next
+        slot_next = tl.load(table + (p + BLOCK_P) * PAGE, mask=p + BLOCK_P < end_sealed, other=0)
+        rec = slot // PAGE * HKV + h   # summary record of (page, KV head)
+        if BIG:
+            rec = rec.to(tl.int64)
+
+        # q . mu: [GP, BLOCK_P]
+        mu_base = mu_ptr + rec[None, :] * D + k[:, None]
+        mu_lo = _operand(tl.load(mu_base, mask=valid[None, :], other=0), QUANT, FAST)
+        mu_hi = _operand(tl.load(mu_base + HALF, mask=valid[None, :], other=0), QUANT, FAST)
+        qmu = tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)
+        qmu = qmu * (tl.load(mu_scale_ptr + rec, mask=valid, other=0.0) * scale_log2)[None, :]
+
+        # V q for the r basis rows of every page: [GP, BLOCK_P * RP]
+        rec_n = tl.reshape(tl.broadcast_to(rec[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,))
+        r_n = n % RP
+        live_n = tl.reshape(tl.broadcast_to(valid[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,)) & (r_n < R)
         if QUANT:
-            vb = tl.load(basis_ptr + (rec[None, :] * R + r) * HALF + k[:, None],
-                         mask=valid[None, :], other=0).to(tl.int32)
-            proj = _dot(q_lo, _unpack_lo(vb), DOT_BF16) + _dot(q_hi, _unpack_hi(vb), DOT_BF16)
+            vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_n[None, :], other=0)
+            v_lo, v_hi = _int4_to_f16(vb, FAST)
         else:
-            v_base = basis_ptr + (rec[None, :] * R + r) * D + k[:, None]
-            v_lo = tl.load(v_base, mask=valid[None, :], other=0.0).to(tl.float32)
-            v_hi = tl.load(v_base + HALF, mask=valid[None, :], other=0.0).to(tl.float32)
-            proj = _dot(q_lo, v_lo, DOT_BF16) + _dot(q_hi, v_hi, DOT_BF16)
-        cs = tl.load(coef_scale_ptr + rec * R + r, mask=valid, other=0.0)
-        c = tl.load(coef_ptr + (rec[:, None] * R + r) * PAGE + i[None, :],
-                    mask=valid[:, None], other=0).to(tl.float32)
-        local += (proj * cs[None, :])[:, :, None] * c[None, :, :]
+            v_base = basis_ptr + (rec_n * R + r_n)[None, :] * D + k[:, None]
+            v_lo = _operand(tl.load(v_base, mask=live_n[None, :], other=0.0), False, FAST)
+            v_hi = _operand(tl.load(v_base + HALF, mask=live_n[None, :], other=0.0), False, FAST)
+        proj = tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)
+        cs = tl.load(coef_scale_ptr + rec_n * R + r_n, mask=live_n, other=0.0)
+        proj = proj * (cs * scale_log2)[None, :]   # log2-domain logit units: safe in fp16
 
-    logits = (qmu[:, :, None] + local) * scale_log2  # log2 domain: exp2 is one instruction
-    m = tl.max(logits, 2)
-    s2 = m + tl.log2(tl.sum(tl.exp2(logits - m[:, :, None]), 2))
-    s2 = tl.where(valid[None, :], s2, float("-inf"))
-    s_off = out_rows[:, None] * max_pages + p[None, :]
-    tl.store(scores_ptr + s_off, s2 * 0.6931471805599453, mask=gmask[:, None] & (p[None, :] < max_pages))
+        # Per-key term, per group of SUB pages: [NG, GP, SUB*RP] x block-diagonal [NG, SUB*RP, SUB*PAGE].
+        proj3 = tl.permute(tl.reshape(proj, (GP, NG, SUB * RP)), (1, 0, 2))
+        # Each page's coefficients are one contiguous load, spread into the block-diagonal
+        # operand in registers (gathering the operand element-wise costs 2*SUB loads per byte).
+        c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :],
+                         mask=valid[:, None] & (e[None, :] < R * PAGE), other=0)
+        c5 = tl.broadcast_to(tl.reshape(_operand(c_rows, QUANT, FAST), (NG, SUB, RP, 1, PAGE)), (NG, SUB, RP, SUB, PAGE))
+        cbd = tl.where(same_page[None, :, None, :, None], c5, tl.zeros_like(c5))
+        cbd = tl.reshape(cbd, (NG, SUB * RP, SUB * PAGE))
+        if FAST:
+            local = tl.dot(proj3.to(tl.float16), cbd)
+        else:
+            local = tl.dot(proj3, cbd)   # [NG, GP, SUB*PAGE]
 
-    bm = tl.max(s2, 1)
-    bsum = tl.sum(tl.exp2(s2 - bm[:, None]), 1)
-    tl.store(part_max_ptr + part_off, bm * 0.6931471805599453, mask=gmask)
-    tl.store(part_sum_ptr + part_off, bsum, mask=gmask)
+        # Drop the zero rows of padded query heads, add q . mu, log-sum-exp over each page's keys.
+        local = tl.sum(tl.reshape(local, (NG, FOLD, G, SUB * PAGE)), 1)
+        qmu_g = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)                        # [G, BLOCK_P]
+        qmu4 = tl.permute(tl.reshape(qmu_g, (G, NG, SUB)), (1, 0, 2))                  # [NG, G, SUB]
+        logits = tl.reshape(local, (NG, G, SUB, PAGE)) + qmu4[:, :, :, None]
+        m = tl.max(logits, 3)
+        s2 = m + tl.log2(tl.sum(tl.exp2(logits - m[:, :, :, None]), 3))              # [NG, G, SUB]
+        s2 = tl.reshape(tl.permute(s2, (1, 0, 2)), (G, BLOCK_P))
+        s2 = tl.where(valid[None, :], s2, float("-inf"))
+        tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :], s2 * LN2, mask=valid[None, :])
+
+        bm = tl.maximum(run_m, tl.max(s2, 1))
+        run_s = run_s * tl.exp2(run_m - bm) + tl.sum(tl.exp2(s2 - bm[:, None]), 1)
+        run_m = bm
+
+    # Pages past the sealed ones: -inf, so the buffer is a plain ranking input.
+    for p0 in range(tl.maximum(start, n_sealed), end, BLOCK_P):
+        p = p0 + jp
+        tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :],
+                 tl.full((G, BLOCK_P), float("-inf"), tl.float32), mask=(p < end)[None, :])
+
+    part = out_rows * n_chunks + chunk
+    tl.store(part_max_ptr + part, run_m * LN2)
+    tl.store(part_sum_ptr + part, run_s)
 
 
-# 32 pages x 16 padded query rows x 16 keys of fp32 logits fit 4 warps' registers.
-BLOCK_PAGES = 32
+BLOCK_PAGES = 16
+_PROGRAMS_PER_SM = 8
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block_pages: int = BLOCK_PAGES) -> int:
+    """Pages per program: enough programs to fill the GPU, few enough to amortise q and the loop."""
+    blocks = triton.cdiv(max(max_pages, 1), block_pages)
+    chunks_per_row = max(1, min(blocks, triton.cdiv(_PROGRAMS_PER_SM * _num_sms(device), batch_rows)))
+    return triton.cdiv(blocks, chunks_per_row) * block_pages
 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       block_pages=BLOCK_PAGES, num_warps=4):
+                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
     int32 slot table; req_pool_indices [B]; seq_lens [B] (tokens in the cache,
     the unsealed tail included); max_pages >= max(seq_lens) // 16.
     Returns scores [B, Hq, max_pages] (natural-log mass, -inf past each
-    request's sealed pages) and the per-block (max, sum-exp) partials
-    [B, Hq, n_blocks].
+    request's sealed pages) and per-chunk (max, sum-exp) partials
+    [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
     group = hq // hkv
-    block_p = block_pages
-    n_blocks = max(1, triton.cdiv(max_pages, block_p))
+    if group > 16 or group & (group - 1):
+        raise ValueError(f"query heads per KV head must be a power of two <= 16, got {group}")
+    rank_p = triton.next_power_of_2(rank)
+    if block_pages * rank_p < 16 or block_pages % max(1, 16 // rank_p):
+        raise ValueError(f"block_pages={block_pages} too small for rank {rank}")
+    chunk = chunk_pages or chunk_pages_for(bsz * hkv, max_pages, q.device, block_pages)
+    n_chunks = max(1, triton.cdiv(max_pages, chunk))
     scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
-    part_max = torch.empty(bsz, hq, n_blocks, dtype=torch.float32, device=q.device)
+    part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
     if q.stride(2) != 1:
         q = q.contiguous()
-    grid = (bsz * hkv, n_blocks)
-    _score_pages_kernel[grid](
+    _score_pages_kernel[(bsz * hkv, n_chunks)](
         q, q.stride(0), q.stride(1),
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum,
-        max_pages, n_blocks, sm_scale * LOG2E,
-        HKV=hkv, G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, R=rank,
-        PAGE=16, BLOCK_P=block_p, QUANT=summaries.quantized, DOT_BF16=dot_in_bf16(q.device),
-        num_warps=num_warps,
+        max_pages, n_chunks, chunk, sm_scale * LOG2E,
+        HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
+        QUANT=summaries.quantized, FAST=not interpreted(),
+        BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
+        num_warps=num_warps, num_stages=num_stages,
     )
     return scores, part_max, part_sum
 

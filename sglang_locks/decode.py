@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 
 from .config import LocksConfig
-from .kernels.score_pages import score_pages_torch
-from .kernels.aggregate_scores import aggregate_scores_torch
-from .kernels.selected_indices import selected_indices_torch
-from .scoring import score_pages
+from .kernels.aggregate_scores import aggregate_scores_torch, aggregate_scores_triton
+from .kernels.score_pages import score_pages_torch, score_pages_triton
+from .kernels.selected_indices import selected_indices_torch, selected_indices_triton
 from .selection import select_pages
 from .sparse_decode import SparseDecodeWrapper, sparse_decode_reference
 from .summaries import PageSummaries
@@ -38,6 +37,7 @@ class LocksDecode:
         )
         self.sm_scale = head_dim**-0.5
         self.max_pages = 0
+        self.num_kv_heads = num_kv_heads
 
     def plan(self, seq_lens_cpu: torch.Tensor, q_dtype, kv_dtype, sm_scale: float = None, max_pages: int = None) -> None:
         """max_pages: width of the score buffers (static under CUDA graphs); default the longest request's."""
@@ -47,9 +47,12 @@ class LocksDecode:
         self.sparse.plan(seq_lens_cpu, self.config.budget_pages, q_dtype, kv_dtype, self.sm_scale)
 
     def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens) -> None:
-        agg = score_pages(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages, self.sm_scale, self.config)
-        sel = select_pages(agg, self.config.budget_pages)
-        self.sparse.write_indices(sel, req_to_token, req_pool_indices, seq_lens, self.config.budget_pages)
+        cfg = self.config
+        parts = score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages, self.sm_scale)
+        _, cand = aggregate_scores_triton(*parts, seq_lens, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
+                                          cfg.gqa_aggregation, cfg.budget_pages)
+        selected_indices_triton(cand, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr, self.sparse.indices,
+                                self.num_kv_heads, cfg.budget_pages, self.max_pages)
 
     def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens):
         """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""

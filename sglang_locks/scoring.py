@@ -7,7 +7,7 @@ import torch
 from .config import LocksConfig
 from .kernels._triton import triton_usable
 from .kernels.aggregate_scores import aggregate_scores_torch, aggregate_scores_triton
-from .kernels.score_pages import BLOCK_PAGES, score_pages_torch, score_pages_triton
+from .kernels.score_pages import score_pages_torch, score_pages_triton
 from .summaries import PageSummaries
 
 
@@ -34,5 +34,5 @@ def score_pages(
     forced = (config.sink_pages, config.local_pages, config.gqa_aggregation)
     if triton_usable(q.device):
         scores, part_max, part_sum = score_pages_triton(*args)
-        return aggregate_scores_triton(scores, part_max, part_sum, seq_lens, hkv, *forced, BLOCK_PAGES)
+        return aggregate_scores_triton(scores, part_max, part_sum, seq_lens, hkv, *forced)
     return aggregate_scores_torch(score_pages_torch(*args), seq_lens, hkv, *forced)

@@ -16,7 +16,11 @@ from .selection import selection_indptr
 
 
 class SparseDecodeWrapper:
-    """plan() once per decode step (host), write_indices()/run() per layer (device, graph-safe)."""
+    """plan() once per decode step (host), run() per layer (device, graph-safe).
+
+    Between them the caller writes each row's token indices into ``indices``
+    at ``indptr`` (selected_indices_triton does).
+    """
 
     def __init__(
         self,
@@ -73,13 +77,6 @@ class SparseDecodeWrapper:
             q_data_type=q_dtype,
             kv_data_type=kv_dtype,
             sm_scale=sm_scale,
-        )
-
-    def write_indices(self, sel, req_to_token, req_pool_indices, seq_lens, budget_pages: int) -> None:
-        from .kernels.selected_indices import selected_indices_triton
-
-        selected_indices_triton(
-            sel, req_to_token, req_pool_indices, seq_lens, self.indptr, self.indices, self.num_kv_heads, budget_pages
         )
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: Optional[torch.Tensor] = None):

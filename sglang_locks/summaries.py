@@ -41,6 +41,8 @@ from .config import PAGE_SIZE, SUMMARY_PRECISIONS
 # Singular values below this fraction of the page's largest carry no signal
 # (repeated tokens, padding); their basis rows are zeroed instead of amplifying noise.
 _RANK_EPS = 1e-6
+# cuSOLVER's batched eigh/pinv fail (INTERNAL_ERROR) on very large batches: at most this many pages per call.
+_SOLVER_BATCH = 8192
 
 
 def _check_keys(keys: torch.Tensor, rank: int) -> None:
@@ -73,7 +75,7 @@ def _pad_rank(basis: torch.Tensor, rank: int) -> torch.Tensor:
     return torch.cat([basis, pad], 1)
 
 
-def summarize_pages(keys: torch.Tensor, rank: int, chunk: int = 8192) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def summarize_pages(keys: torch.Tensor, rank: int, chunk: int = _SOLVER_BATCH) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fast path through the 16x16 Gram matrix of each page, float32 out.
 
     Eigenvectors U of G = X X^T (X the centred keys) give V = U^T X / sqrt(lambda)
@@ -215,6 +217,11 @@ class PageSummaries:
 
     def write(self, page_ids: torch.Tensor, keys: torch.Tensor) -> None:
         """Summarise keys [n, 16, H_kv, d] (token-major, as cached) into pages page_ids [n]."""
+        step = max(1, _SOLVER_BATCH // keys.shape[2])
+        for i in range(0, keys.shape[0], step):
+            self._write(page_ids[i : i + step], keys[i : i + step])
+
+    def _write(self, page_ids: torch.Tensor, keys: torch.Tensor) -> None:
         n, _, h, d = keys.shape
         flat = keys.permute(0, 2, 1, 3).reshape(n * h, PAGE_SIZE, d)
         mu, basis, coef = summarize_pages(flat, self.rank)

@@ -6,6 +6,7 @@ import torch
 from helpers import random_cache
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
+from sglang_locks.kernels.selected_indices import selected_indices_torch
 from sglang_locks.selection import selection_indptr
 from sglang_locks.sparse_decode import SparseDecodeWrapper, dense_decode_reference, sparse_decode_reference
 
@@ -37,11 +38,11 @@ def test_sparse_decode_matches_reference(seq_lens, hkv, group):
     dec.plan(c["seq_lens"].cpu(), cfg.budget_pages, torch.bfloat16, torch.bfloat16, 128**-0.5)
     # Random page picks per row exercise arbitrary index lists.
     max_pages = max(seq_lens) // 16
-    sel = torch.stack([torch.randperm(max(max_pages, 1), device="cuda")[: min(cfg.budget_pages, max_pages)] for _ in range(bsz * hkv)])
-    dec.write_indices(sel, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], cfg.budget_pages)
+    sel = torch.stack([torch.randperm(max(max_pages, 1))[: min(cfg.budget_pages, max_pages)] for _ in range(bsz * hkv)])
+    indptr, indices = selected_indices_torch(sel, c["req_to_token"].cpu(), c["req_pool_indices"].cpu(), c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    dec.indices[: indices.numel()].copy_(indices)
     out = dec.run(q, c["k_cache"], c["v_cache"])
-    indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
-    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, dec.indices[: int(indptr[-1])], hkv, 128**-0.5)
+    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, indices, hkv, 128**-0.5)
     assert _rel(out, ref) < 1e-2
 
 
@@ -69,7 +70,6 @@ def test_locks_step_matches_reference(seq_lens, hkv, group, precision):
 def selected_indices_reference(q, c, cfg):
     from sglang_locks.kernels.aggregate_scores import aggregate_scores_torch
     from sglang_locks.kernels.score_pages import score_pages_torch
-    from sglang_locks.kernels.selected_indices import selected_indices_torch
     from sglang_locks.selection import select_pages
 
     hkv = c["summaries"].num_kv_heads

@@ -5,8 +5,13 @@ import torch
 
 from helpers import random_cache
 from sglang_locks.config import LocksConfig
-from sglang_locks.kernels.aggregate_scores import aggregate_scores_torch, aggregate_scores_triton
-from sglang_locks.kernels.score_pages import BLOCK_PAGES, score_pages_torch, score_pages_triton
+from sglang_locks.kernels.aggregate_scores import (
+    aggregate_scores_torch,
+    aggregate_scores_triton,
+    chunk_candidates_torch,
+    key_offset_torch,
+)
+from sglang_locks.kernels.score_pages import score_pages_torch, score_pages_triton
 from sglang_locks.scoring import score_pages
 from sglang_locks.summaries import PageSummaries
 
@@ -26,16 +31,17 @@ def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision,
     q = torch.randn(len(seq_lens), hkv * group, 128, device=device).bfloat16()
     max_pages = max(seq_lens) // 16 + 3  # wider than needed, like a static graph buffer
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
-    scores, part_max, part_sum = score_pages_triton(q, *args)
+    chunk = 32  # pages per program: several chunks per row, the last one partly past max_pages
+    scores, part_max, part_sum = score_pages_triton(q, *args, chunk_pages=chunk)
     ref = score_pages_torch(q.double(), *args)
     finite = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(scores), finite)
     # bf16 summaries meet a bf16 tensor-core dot on the GPU; int8/int4 operands are exact there.
     tol = 2e-2 if precision != "int8-int4-int8" else 1e-3
     assert torch.allclose(scores[finite].double(), ref[finite], atol=tol, rtol=tol)
-    # Block partials: max and sum of exp of each block's scores.
-    blocks = torch.nn.functional.pad(ref, (0, part_max.shape[-1] * BLOCK_PAGES - max_pages), value=float("-inf"))
-    blocks = blocks.view(*ref.shape[:2], -1, BLOCK_PAGES)
+    # Chunk partials: max and sum of exp of each chunk's scores.
+    blocks = torch.nn.functional.pad(ref, (0, part_max.shape[-1] * chunk - max_pages), value=float("-inf"))
+    blocks = blocks.view(*ref.shape[:2], -1, chunk)
     lse_ref = torch.logsumexp(blocks, -1)
     lse = part_max.double() + part_sum.double().log()
     fin = torch.isfinite(lse_ref)
@@ -50,13 +56,20 @@ def test_aggregate_kernel_matches_reference(mode, seq_lens, hkv, group, device):
     q = torch.randn(len(seq_lens), hkv * group, 128, device=device)
     max_pages = max(seq_lens) // 16 + 1
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
-    scores, part_max, part_sum = score_pages_triton(q, *args)
-    got = aggregate_scores_triton(scores, part_max, part_sum, c["seq_lens"], hkv, 2, 1, mode, BLOCK_PAGES)
+    scores, part_max, part_sum = score_pages_triton(q, *args, chunk_pages=48)
+    budget_pages = 24  # candidates per chunk: 32
+    got, cand = aggregate_scores_triton(scores, part_max, part_sum, c["seq_lens"], hkv, 2, 1, mode, budget_pages)
     ref = aggregate_scores_torch(scores.double(), c["seq_lens"], hkv, 2, 1, mode)
     assert torch.equal(got == float("inf"), ref == float("inf"))
     assert torch.equal(got == float("-inf"), ref == float("-inf"))
     fin = torch.isfinite(ref)
     assert torch.allclose(got[fin].double(), ref[fin], atol=1e-4, rtol=1e-4)
+    # Top-k candidates of each chunk: packed (key, page) words of the kernel's own agg, largest first.
+    offset = key_offset_torch(part_max.cpu(), part_sum.cpu(), hkv, mode)
+    flat = got.view(len(seq_lens) * hkv, -1).cpu()
+    free = torch.isfinite(flat)
+    assert (flat <= offset[:, None] + 1e-4)[free].all()  # agg - offset is a share of the group's mass
+    assert torch.equal(cand.cpu().long(), chunk_candidates_torch(got.cpu(), offset, budget_pages))
 
 
 def test_forced_pages_and_padding():

@@ -4,8 +4,17 @@ import torch
 from helpers import random_cache
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import locks_decode_reference
-from sglang_locks.kernels.aggregate_scores import aggregate_scores_torch
-from sglang_locks.kernels.selected_indices import selected_indices_torch, selected_indices_triton
+from sglang_locks.kernels.aggregate_scores import (
+    aggregate_scores_torch,
+    aggregate_scores_triton,
+    key_offset_torch,
+    page_key_torch,
+)
+from sglang_locks.kernels.selected_indices import (
+    select_pages_by_key_torch,
+    selected_indices_torch,
+    selected_indices_triton,
+)
 from sglang_locks.selection import select_pages, selection_indptr
 from sglang_locks.sparse_decode import dense_decode_reference, sparse_decode_reference
 
@@ -32,28 +41,73 @@ def test_selection_contains_sink_local_and_is_top():
             assert got - {0, 1, n - 3, n - 2, n - 1} == set(best)
 
 
-@pytest.mark.parametrize("seq_lens", [[16 * 50 + 7, 16 * 3 + 2, 9, 16 * 12], [16 * 11]])
-def test_indices_kernel_matches_reference_and_includes_tail(seq_lens, device):
-    hkv, cfg = 3, LocksConfig(token_budget=160)
+def _kernel_inputs(seq_lens, hkv, group, budget_pages, device, seed, ties=False):
+    """Random per-head scores -> (agg, candidates, key offsets) from the aggregation kernel."""
+    gen = torch.Generator().manual_seed(seed)
+    max_pages = max(seq_lens) // 16 + 2
+    scores = 3 * torch.randn(len(seq_lens), hkv * group, max_pages, generator=gen)
+    if ties:  # few distinct values: many pages share the k-th key
+        scores = scores.round()
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    scores = scores.masked_fill(torch.arange(max_pages) >= (lens.long() // 16)[:, None, None], float("-inf"))
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    part_max, part_sum = lse.clone(), torch.ones_like(lse)  # one chunk holding everything
+    agg, cand = aggregate_scores_triton(scores.to(device), part_max.to(device), part_sum.to(device), lens.to(device),
+                                        hkv, 1, 2, "mass", budget_pages)
+    return agg, cand, key_offset_torch(part_max, part_sum, hkv, "mass")
+
+
+CASES = [  # seq_lens (mixed: over and under budget, tails, empty), KV heads, group, budget
+    ([16 * 50 + 7, 16 * 3 + 2, 9, 16 * 12], 3, 2, 160),
+    ([16 * 11], 3, 4, 160),
+    ([16 * 2500 + 3, 16 * 700], 1, 4, 160),    # several chunks of candidates
+    # Interpreted top-k over thousands of candidates takes minutes: these run on the GPU only.
+    pytest.param([16 * 1700], 1, 4, 16 * 1500, marks=pytest.mark.gpu),  # budget over one chunk of pages
+    pytest.param([16 * 40000 + 3, 16 * 7000], 2, 4, 2048, marks=pytest.mark.gpu),  # 640K tokens
+    ([0, 16 * 40, 5], 1, 16, 16 * 4),
+]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("seq_lens, hkv, group, budget", CASES)
+def test_indices_kernel_selects_top_keys_and_writes_tokens(seq_lens, hkv, group, budget, ties, device):
+    cfg = LocksConfig(token_budget=budget, sink_pages=1, local_pages=2)
     c = random_cache(seq_lens, hkv, 64, device=device)
-    max_pages = max(seq_lens) // 16
-    gen = torch.Generator().manual_seed(5)
-    scores = torch.randn(len(seq_lens), hkv * 2, max_pages, generator=gen).double()
-    agg = aggregate_scores_torch(scores, c["seq_lens"].cpu(), hkv, 1, 1, "mass")
-    sel = select_pages(agg, cfg.budget_pages)
-    indptr_ref, indices_ref = selected_indices_torch(sel, c["req_to_token"].cpu(), c["req_pool_indices"].cpu(), c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    # agg's rows follow the cache's (shuffled) batch order, so lengths come from the cache.
+    lens = c["seq_lens"].cpu().tolist()
+    agg, cand, offset = _kernel_inputs(lens, hkv, group, cfg.budget_pages, device, seed=budget, ties=ties)
     indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
-    assert torch.equal(indptr, indptr_ref)
     indices = torch.full((int(indptr[-1]) + 5,), -7, dtype=torch.int32, device=device)
-    selected_indices_triton(sel.to(device), c["req_to_token"], c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices, hkv, cfg.budget_pages)
+    selected_indices_triton(cand, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices,
+                            hkv, cfg.budget_pages, agg.shape[-1])
+    want_sel = select_pages_by_key_torch(agg.cpu(), offset, cfg.budget_pages)
+    indptr_ref, indices_ref = selected_indices_torch(want_sel, c["req_to_token"].cpu(), c["req_pool_indices"].cpu(),
+                                                     c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    assert torch.equal(indptr, indptr_ref)
     assert torch.equal(indices[: int(indptr[-1])].cpu(), indices_ref)
     assert (indices[int(indptr[-1]) :] == -7).all()  # nothing written past the rows
-    for row in range(len(seq_lens) * hkv):  # tail tokens are always attended
+    flat = agg.view(-1, agg.shape[-1]).cpu()
+    for row in range(flat.shape[0]):
         b, h = divmod(row, hkv)
         n = int(c["seq_lens"][b])
         table = c["req_to_token"][int(c["req_pool_indices"][b])].cpu()
-        tail = set((table[n // 16 * 16 : n].long() * hkv + h).tolist())
-        assert tail <= set(indices_ref[indptr[row] : indptr[row + 1]].tolist())
+        got = set(indices_ref[indptr[row] : indptr[row + 1]].tolist())
+        assert set((table[n // 16 * 16 : n].long() * hkv + h).tolist()) <= got  # the tail is always attended
+        if n // 16 > cfg.budget_pages:
+            # The key rule is the top-k up to ties within one key step (2^-10 nats).
+            taken = want_sel[row]
+            left = torch.ones(n // 16, dtype=torch.bool)
+            left[taken] = False
+            assert flat[row, taken].min() >= flat[row, : n // 16][left].max() - 2**-10
+            assert (flat[row, [0, n // 16 - 2, n // 16 - 1]] == float("inf")).all()
+            assert set(taken.tolist()) >= {0, n // 16 - 2, n // 16 - 1}
+
+
+def test_key_rule_is_exact_top_k_without_near_ties():
+    agg = torch.tensor([[[-3.0, -1.0, -2.5, float("inf"), -0.5, float("-inf"), -7.0]]])
+    sel = select_pages_by_key_torch(agg, torch.zeros(1), 3)
+    assert sel.tolist() == [[1, 3, 4]]
+    assert page_key_torch(torch.tensor([[-64.5, -1.0, 0.0]]), torch.zeros(1)).tolist() == [[0, 64512, 65534]]
 
 
 @pytest.mark.parametrize("group", [1, 4])
