@@ -18,7 +18,8 @@ class LocksConfig:
     sink pages, the last local_pages sealed pages and the best-scored rest,
     ``token_budget // page_size`` pages in all. The unsealed tail page (0-15
     tokens) is attended on top of the budget. A context whose sealed pages all
-    fit in the budget is attended densely.
+    fit in the budget is attended densely, and so is one shorter than
+    min_context tokens (where the caller supports it: the SGLang plugin does).
     """
 
     page_size: int = PAGE_SIZE
@@ -29,6 +30,7 @@ class LocksConfig:
     dense_layers: Tuple[int, ...] = field(default_factory=tuple)
     summary_precision: str = "int8-int4-int8"
     gqa_aggregation: str = "mass"
+    min_context: int = 0
 
     def __post_init__(self) -> None:
         if self.page_size != PAGE_SIZE:
@@ -54,6 +56,8 @@ class LocksConfig:
             raise ValueError(
                 f"summary_precision must be one of {SUMMARY_PRECISIONS}, got {self.summary_precision!r}"
             )
+        if self.min_context < 0:
+            raise ValueError(f"min_context must be >= 0 tokens, got {self.min_context}")
         if self.gqa_aggregation not in GQA_AGGREGATIONS:
             raise ValueError(
                 f"gqa_aggregation must be one of {GQA_AGGREGATIONS}, got {self.gqa_aggregation!r}"

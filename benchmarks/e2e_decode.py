@@ -1,0 +1,235 @@
+"""End-to-end decode latency inside SGLang: FullKV (FlashInfer, page size 16) vs --enable-locks.
+
+    python benchmarks/e2e_decode.py --out $OUT/e2e_decode.json [--only bench_one_batch|synthetic] [--dry-run]
+
+Two tools, both SGLang's model runner with dummy weights:
+
+* ``bench_one_batch``: ``python -m sglang.bench_one_batch`` itself (prefill, then
+  decode; median decode step), started after ``load_plugins()`` because
+  bench_one_batch does not load plugins on its own.
+* ``synthetic``: for contexts whose prefill is too slow or too big to run
+  (512K+), bench_one_batch's own model loading, extend and decode functions,
+  but the context is handed to the request as a cached prefix
+  (``req.prefix_indices``, the way a radix-cache hit arrives) whose KV pages
+  and summaries are filled with random values; only the last 16 tokens are
+  prefilled. Its 128K rows are there to compare with bench_one_batch's.
+
+Each (model, mode, batch) runs in its own process; rows with a failure carry
+``error``. Output: header ``gpu``, ``git``, ``date``, ``command``; ``rows`` with
+``shape``, ``batch``, ``context``, ``budget``, ``fullkv_ms``, ``locks_ms``,
+``speedup``, ``tool``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KIT = os.path.join(os.path.dirname(HERE), ".gpu-kit")
+MODELS = {"llama8b": "llama8b-dummy", "glm4-9b-1m": "glm4-9b-1m-dummy"}
+K = 1024
+# (tool, shape, batch, contexts)
+PLAN = [
+    ("bench_one_batch", "llama8b", 1, [32 * K, 128 * K, 256 * K]),
+    ("bench_one_batch", "llama8b", 4, [32 * K, 128 * K]),
+    ("bench_one_batch", "glm4-9b-1m", 1, [256 * K]),
+    ("synthetic", "llama8b", 1, [128 * K]),
+    ("synthetic", "llama8b", 4, [128 * K]),
+    ("synthetic", "glm4-9b-1m", 1, [512 * K, 1024 * K]),
+]
+OUTPUT_LEN = 32
+LOAD_PLUGINS_THEN = "from sglang.srt.plugins import load_plugins; load_plugins(); import runpy; runpy.run_module({!r}, run_name='__main__')"
+
+
+def sglang_flags(shape: str, mode: str, batch: int, max_context: int, budget: int) -> list:
+    flags = ["--model-path", os.path.join(KIT, MODELS[shape]), "--load-format", "dummy",
+             "--context-length", str(max_context + 1024), "--mem-fraction-static", "0.8",
+             "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", str(batch)]
+    if mode == "locks":
+        return flags + ["--enable-locks", "--locks-token-budget", str(budget)]
+    return flags + ["--attention-backend", "flashinfer", "--page-size", "16"]
+
+
+def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget: int, result: str) -> list:
+    flags = sglang_flags(shape, mode, batch, max(contexts), budget)
+    if tool == "bench_one_batch":
+        return [sys.executable, "-c", LOAD_PLUGINS_THEN.format("sglang.bench_one_batch"), *flags,
+                "--batch-size", str(batch), "--input-len", *map(str, contexts), "--output-len", str(OUTPUT_LEN),
+                "--run-name", mode, "--result-filename", result]
+    return [sys.executable, os.path.abspath(__file__), "--synthetic-worker", "--result", result,
+            "--batch", str(batch), "--contexts", ",".join(map(str, contexts)), "--", *flags]
+
+
+def read_medians(result: str) -> dict:
+    """context -> median decode ms/step, from bench_one_batch's jsonl or the synthetic worker's."""
+    out = {}
+    if not os.path.exists(result):
+        return out
+    with open(result) as f:
+        for line in f:
+            r = json.loads(line)
+            out[int(r["input_len"])] = 1000 * float(r["median_decode_latency"])
+    return out
+
+
+def merge_rows(tool: str, shape: str, batch: int, contexts: list, budget: int, fullkv: dict, locks: dict,
+               errors: dict) -> list:
+    rows = []
+    for c in contexts:
+        f, l = fullkv.get(c), locks.get(c)
+        row = dict(shape=shape, batch=batch, context=c, budget=budget, fullkv_ms=f, locks_ms=l,
+                   speedup=round(f / l, 3) if f and l else None, tool=tool)
+        if f is None or l is None:
+            row["error"] = "; ".join(f"{m}: {e}" for m, e in errors.items()) or "no result"
+        rows.append(row)
+    return rows
+
+
+def run_plan(args) -> list:
+    rows = []
+    for tool, shape, batch, contexts in PLAN:
+        if args.only and tool != args.only:
+            continue
+        medians, errors = {}, {}
+        for mode in ("fullkv", "locks"):
+            with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
+                result = f.name
+            os.unlink(result)
+            cmd = command(tool, shape, mode, batch, contexts, args.budget, result)
+            print("e2e_decode:", " ".join(cmd), flush=True)
+            if args.dry_run:
+                medians[mode] = {}
+                continue
+            t0 = time.time()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            log = proc.stdout + proc.stderr
+            if args.log_dir:
+                with open(os.path.join(args.log_dir, f"{tool}_{shape}_bs{batch}_{mode}.log"), "w") as f:
+                    f.write(log)
+            medians[mode] = read_medians(result)
+            if proc.returncode:
+                errors[mode] = f"exit {proc.returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}"
+            print(f"e2e_decode: {tool} {shape} bs={batch} {mode}: {medians[mode]} ({time.time() - t0:.0f} s)",
+                  flush=True)
+        rows += merge_rows(tool, shape, batch, contexts, args.budget, medians["fullkv"], medians["locks"], errors)
+    return rows
+
+
+def header(argv) -> dict:
+    def sh(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except Exception:  # noqa: BLE001 - no GPU / no git on a CPU dry run
+            return ""
+
+    return dict(gpu=sh(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or "none",
+                git=os.environ.get("GIT_REV") or sh(["git", "rev-parse", "--short", "HEAD"]),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                command=" ".join(["python", "benchmarks/e2e_decode.py", *argv]))
+
+
+# ---------------------------------------------------------------------- synthetic worker
+def synthetic_worker(args, sglang_argv) -> None:
+    """Decode steps on a context given as a cached prefix of random KV (and random summaries)."""
+    import torch
+    from sglang.benchmark import one_batch as ob
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    load_plugins()
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    server_args = ServerArgs.from_cli_args(parser.parse_args(sglang_argv))
+    ob._set_envs_and_config(server_args)
+    runner, _ = ob.load_model(server_args, PortArgs.init_new(server_args), 0, 0)
+    mr = runner.torch_runner
+    for context in map(int, args.contexts.split(",")):
+        runner.clear()
+        reqs = ob.prepare_synthetic_inputs_for_latency_test(args.batch, context)
+        prefix = context // 16 * 16 - 16
+        for req in reqs:
+            slots = mr.token_to_kv_pool_allocator.alloc(prefix)
+            if slots is None:
+                raise RuntimeError(f"KV pool too small for {args.batch} x {context} tokens")
+            fill_random_kv(mr, slots)
+            req.prefix_indices = slots.to(torch.int64)
+            req.set_extend_range(prefix, context)
+        next_ids, _, batch = runner.extend(reqs)
+        steps = []
+        for _ in range(OUTPUT_LEN):
+            runner.synchronize()
+            t0 = time.perf_counter()
+            next_ids, _ = runner.decode(next_ids, batch)
+            runner.synchronize()
+            steps.append(time.perf_counter() - t0)
+        median = statistics.median(steps[3:])  # the first steps include one-off work
+        print(f"synthetic: batch {args.batch} context {context}: median decode {1000 * median:.3f} ms", flush=True)
+        with open(args.result, "a") as f:
+            f.write(json.dumps(dict(batch_size=args.batch, input_len=context, median_decode_latency=median)) + "\n")
+
+
+def fill_random_kv(mr, slots) -> None:
+    """Random keys/values in the prefix's slots; with LOCKS, random summaries marked valid for its pages."""
+    import torch
+
+    from sglang_locks.plugin.summary_store import store_for_pool
+
+    pool = mr.token_to_kv_pool
+    for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
+        for buf in (pool.get_key_buffer(layer), pool.get_value_buffer(layer)):
+            for chunk in slots.split(1 << 20):
+                buf[chunk] = torch.randn(chunk.numel(), *buf.shape[1:], device=buf.device).to(buf.dtype)
+    store = store_for_pool(pool)
+    if store is None:
+        return
+    pages = slots[::16] // 16
+    s = store.summaries
+    for i in store.slot_of_layer.values():
+        rows = pages + i * store.num_pages
+        for t in (s.mu, s.basis, s.coef):
+            t[rows] = torch.randint(-100, 100, t[rows].shape, device=t.device).to(t.dtype)
+        s.mu_scale[rows] = 0.01
+        s.coef_scale[rows] = 0.01
+    store.summary_generation[pages] = store.page_generation[pages]
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    sglang_argv = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, sglang_argv = argv[:at], argv[at + 1:]
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="e2e_decode.json")
+    p.add_argument("--only", choices=["bench_one_batch", "synthetic"])
+    p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per SGLang process")
+    p.add_argument("--log-dir", help="keep each SGLang process's log here")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, write the JSON without results")
+    p.add_argument("--synthetic-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--contexts", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.synthetic_worker:
+        synthetic_worker(args, sglang_argv)
+        return 0
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+    result = dict(header(argv), rows=run_plan(args))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"e2e_decode: wrote {args.out}")
+    return 0 if args.dry_run or all("error" not in r for r in result["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""SGLang plugin (entry point group ``sglang.srt.plugins``): LOCKS decode behind --enable-locks.
+
+``register()`` runs in every SGLang process through ``load_plugins()``. It only
+registers hooks; each hook is a no-op unless the server runs with --enable-locks.
+"""
+
+from __future__ import annotations
+
+from . import counters, memory, server_args, summary_store
+
+SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+ALLOCATOR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
+
+# (target, hook, hook type name): everything the plugin patches.
+HOOKS = (
+    (f"{SERVER_ARGS}.add_cli_args", server_args.add_locks_args, "AFTER"),
+    (f"{SERVER_ARGS}.from_cli_args", server_args.from_cli_args_with_locks, "AROUND"),
+    (f"{ALLOCATOR}._release_page_ids", summary_store.on_release_pages, "AFTER"),
+    (f"{ALLOCATOR}.clear", summary_store.on_allocator_clear, "AFTER"),
+    ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
+     memory.add_summary_bytes, "AFTER"),
+    ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", counters.count_reused_pages, "AROUND"),
+    ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", counters.add_locks_state, "AFTER"),
+)
+
+
+def register() -> None:
+    from sglang.srt.layers.attention import attention_registry
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, hook, kind in HOOKS:
+        HookRegistry.register(target, hook, HookType[kind])
+    # The registry is a dict, which hooks do not rebind: wrap its "flashinfer" entry here.
+    stock = attention_registry.ATTENTION_BACKENDS["flashinfer"]
+    if getattr(stock, "stock_factory", None) is None:
+        attention_registry.ATTENTION_BACKENDS["flashinfer"] = _locks_or_stock(stock)
+
+
+def _locks_or_stock(stock_factory):
+    def create_flashinfer_backend(runner):
+        config = server_args.locks_config_of(runner.server_args)
+        if config is None:
+            return stock_factory(runner)
+        from .attention_backend import LocksFlashInferAttnBackend  # needs FlashInfer
+
+        return LocksFlashInferAttnBackend(runner, config)
+
+    create_flashinfer_backend.stock_factory = stock_factory
+    return create_flashinfer_backend

@@ -1,0 +1,214 @@
+"""SGLang's FlashInfer backend with LOCKS decode; registered as "flashinfer" (stock without --enable-locks).
+
+Prefill/extend is FlashInfer's, followed per layer by the summaries of the
+pages the extend sealed. Decode: a LocksDecode is planned once per step on
+the host (one per captured batch size under CUDA graphs, static buffers) and
+run per layer. Layers in --locks-dense-layers decode through FlashInfer, and
+so do requests shorter than --locks-min-context when that exceeds the budget:
+they run through FlashInfer's plan with the long requests' lengths set to 1,
+LOCKS with the short ones' set to 1, and each row keeps its path's output.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.runtime_context import get_parallel
+
+from ..config import PAGE_SIZE, LocksConfig
+from ..decode import LocksDecode
+from .summary_store import SealedPages, SummaryStore, attach_store, store_for_pool
+
+logger = logging.getLogger(__name__)
+
+LOCKS_WORKSPACE_BYTES = 128 * 1024 * 1024
+# Debug: count, every decode step, pages that would be scored from an invalid summary (see SummaryStore).
+CHECK_ENV = "SGLANG_LOCKS_CHECK_STALE"
+
+
+def _unsupported(runner) -> Optional[str]:
+    mc = runner.model_config
+    if runner.use_mla_backend:
+        return "MLA attention (DeepSeek-type models)"
+    if runner.sliding_window_size is not None:
+        return "sliding-window attention"
+    if mc.is_encoder_decoder:
+        return "encoder-decoder models"
+    if runner.kv_cache_dtype not in (torch.bfloat16, torch.float16):
+        return f"KV cache dtype {runner.kv_cache_dtype} (bf16/fp16 only)"
+    return None
+
+
+def _attention_layers(model) -> Dict[int, RadixAttention]:
+    return {m.layer_id: m for m in model.modules() if isinstance(m, RadixAttention)}
+
+
+class LocksFlashInferAttnBackend(FlashInferAttnBackend):
+    def __init__(self, runner, config: LocksConfig, **kwargs):
+        why = _unsupported(runner)
+        if why:
+            raise ValueError(f"--enable-locks does not support {why}")
+        super().__init__(runner, init_new_workspace=runner.init_new_workspace, **kwargs)
+        self.config = config
+        tp = get_parallel().attn_tp_size
+        mc = runner.model_config
+        self.num_qo_heads = mc.num_attention_heads // tp
+        self.num_kv_heads = mc.get_num_kv_heads(tp)
+        self.head_dim = mc.head_dim
+        self.q_dtype, self.kv_dtype = runner.dtype, runner.kv_cache_dtype
+        self.static_max_pages = -(-self.max_context_len // PAGE_SIZE)
+        layers = _attention_layers(runner.model)
+        bad = [l for l in config.dense_layers if l not in layers]
+        if bad:
+            raise ValueError(f"--locks-dense-layers: no attention layer {bad} (layers 0..{max(layers)})")
+        locks_layers = [l for l in sorted(layers) if l not in config.dense_layers]
+        scalings = {layers[l].scaling for l in locks_layers}
+        if len(scalings) > 1 or any(layers[l].logit_cap for l in locks_layers):
+            raise ValueError("--enable-locks needs one softmax scale and no logit soft-capping across layers")
+        self.sm_scale = scalings.pop() if scalings else self.head_dim**-0.5
+        self.store = self._store_for(runner, locks_layers)
+        # Rows shorter than min_context take FlashInfer's path (only when that exceeds the budget:
+        # within it LOCKS attends every page anyway).
+        self.dense_rows = config.min_context > config.token_budget
+        self.needs_stock_decode = bool(config.dense_layers) or self.dense_rows
+        self.locks_workspace = torch.empty(LOCKS_WORKSPACE_BYTES, dtype=torch.uint8, device=runner.device)
+        self.graph_decoders: Dict[int, LocksDecode] = {}
+        self.eager_decoder: Optional[LocksDecode] = None
+        self.eager_capacity = 0
+        self.graph_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # static (seq_lens, short)
+        self.locks_seq_lens: Optional[torch.Tensor] = None  # this step's: LOCKS lengths [bs]
+        self.short_rows: Optional[torch.Tensor] = None  # and rows decoded densely [bs]
+        self.decoder: Optional[LocksDecode] = None
+        self.sealed: Optional[SealedPages] = None
+        self.check_stale = os.environ.get(CHECK_ENV, "0") == "1"
+
+    def _store_for(self, runner, locks_layers) -> SummaryStore:
+        pool = self.token_to_kv_pool
+        store = store_for_pool(pool)  # one per pool, shared by the backends of one runner
+        if store is None:
+            num_pages = pool.get_key_buffer(pool.start_layer).shape[0] // PAGE_SIZE
+            store = SummaryStore(self.config, locks_layers, num_pages, self.num_kv_heads, self.head_dim,
+                                 runner.device)
+            attach_store(pool, store)
+            logger.info("LOCKS summary store: %d pages x %d layers x %d KV heads, %.2f GiB (%s, rank %d)",
+                        num_pages, len(locks_layers), self.num_kv_heads, store.nbytes() / 2**30,
+                        self.config.summary_precision, self.config.rank)
+        return store
+
+    # ------------------------------------------------------------ per-step metadata
+    def init_forward_metadata(self, forward_batch):
+        self.store.flush_pending(self.token_to_kv_pool)
+        mode = forward_batch.forward_mode
+        if mode.is_decode():
+            bs = forward_batch.batch_size
+            if bs > self.eager_capacity:  # grows by doubling: few re-allocations
+                self.eager_capacity = max(bs, 2 * self.eager_capacity)
+                self.eager_decoder = self._new_decoder(self.eager_capacity, use_cuda_graph=False)
+            rows = self._row_buffers(bs)
+            self._plan_decode(forward_batch, self.eager_decoder, rows, max_pages=None)
+            if self.needs_stock_decode:
+                super().init_forward_metadata(self._stock_view(forward_batch))
+            return
+        super().init_forward_metadata(forward_batch)
+        if mode.is_extend():
+            self._plan_extend(forward_batch)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if not in_capture:
+            self.store.flush_pending(self.token_to_kv_pool)
+        mode = forward_batch.forward_mode
+        if mode.is_decode():
+            bs = forward_batch.batch_size
+            if in_capture:
+                self.graph_decoders[bs] = self._new_decoder(bs, use_cuda_graph=True)
+            self._plan_decode(forward_batch, self.graph_decoders[bs], self.graph_rows, self.static_max_pages,
+                              record_seals=not in_capture)
+            if self.needs_stock_decode:
+                super().init_forward_metadata_out_graph(self._stock_view(forward_batch), in_capture)
+            return
+        super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        if mode.is_extend():
+            if in_capture:
+                raise ValueError("--enable-locks does not support --cuda-graph-backend-prefill full "
+                                 "(summaries are built eagerly after each layer's KV write)")
+            self._plan_extend(forward_batch)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
+        super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
+        self.graph_rows = self._row_buffers(max_bs)
+
+    def _row_buffers(self, bs: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        device = self.locks_workspace.device
+        return torch.ones(bs, dtype=torch.int64, device=device), torch.zeros(bs, dtype=torch.bool, device=device)
+
+    def _new_decoder(self, bs: int, use_cuda_graph: bool) -> LocksDecode:
+        return LocksDecode(self.config, self.locks_workspace, self.num_qo_heads, self.num_kv_heads,
+                           self.head_dim, bs, use_cuda_graph)
+
+    def _plan_decode(self, fb, decoder: LocksDecode, rows, max_pages, record_seals: bool = True) -> None:
+        bs = fb.batch_size
+        self.locks_seq_lens, self.short_rows = rows[0][:bs], rows[1][:bs]
+        lens_cpu = fb.seq_lens_cpu[:bs]
+        req_to_token = self.req_to_token_pool.req_to_token
+        if record_seals:
+            self.store.record_decode_seals(req_to_token, fb.req_pool_indices[:bs], lens_cpu)
+        locks_lens = lens_cpu
+        if self.dense_rows:
+            short = lens_cpu < self.config.min_context
+            locks_lens = torch.where(short, torch.ones_like(lens_cpu), lens_cpu)
+            self.short_rows.copy_(short, non_blocking=True)
+        self.locks_seq_lens.copy_(locks_lens, non_blocking=True)
+        decoder.plan(locks_lens, self.q_dtype, self.kv_dtype, self.sm_scale, max_pages)
+        self.decoder = decoder
+        if self.check_stale and record_seals:
+            self.store.check_scorable(req_to_token, fb.req_pool_indices[:bs], self.locks_seq_lens)
+
+    def _stock_view(self, fb):
+        """The batch FlashInfer's own decode plan sees: long rows cut to 1 token when short rows go dense."""
+        if not self.dense_rows:
+            return fb
+        view = copy.copy(fb)
+        bs = fb.batch_size
+        cpu = fb.seq_lens_cpu.clone()
+        cpu[:bs] = torch.where(cpu[:bs] < self.config.min_context, cpu[:bs], torch.ones_like(cpu[:bs]))
+        view.seq_lens_cpu = cpu
+        view.seq_lens = cpu.to(fb.seq_lens.device, non_blocking=True)
+        view.seq_lens_sum = int(cpu[:bs].sum())
+        return view
+
+    def _plan_extend(self, fb) -> None:
+        self.sealed = self.store.sealed_by_extend(self.req_to_token_pool.req_to_token, fb.req_pool_indices,
+                                                  fb.extend_prefix_lens_cpu, fb.seq_lens_cpu)
+
+    # ------------------------------------------------------------ per-layer work
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        o = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        if save_kv_cache and self.sealed is not None:
+            self.store.build_layer(layer.layer_id, self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+                                   self.sealed)
+        return o
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        if layer.layer_id in self.config.dense_layers:
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        if k is not None and save_kv_cache:
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v,
+                                                *self._kv_write_scales(layer))
+        bs = forward_batch.batch_size
+        pool = self.token_to_kv_pool
+        q3 = q.contiguous().view(bs, self.num_qo_heads, self.head_dim)
+        o = self.decoder.run(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
+                             self.store.layer(layer.layer_id), self.req_to_token_pool.req_to_token,
+                             forward_batch.req_pool_indices[:bs], self.locks_seq_lens)
+        if self.dense_rows:
+            dense = super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False)
+            o = torch.where(self.short_rows[:, None, None], dense.view_as(o), o)
+        return o.reshape(bs, self.num_qo_heads * self.head_dim)

@@ -1,0 +1,131 @@
+"""--enable-locks and --locks-* flags: added to SGLang's parser, validated once into a LocksConfig.
+
+``add_locks_args`` runs after ``ServerArgs.add_cli_args``; ``from_cli_args_with_locks``
+wraps ``ServerArgs.from_cli_args``: it checks the flags, forces page size 16
+and the FlashInfer backend, and attaches the config as ``server_args.locks_config``
+(None without --enable-locks), which travels with server_args to every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import re
+from typing import Optional, Tuple
+
+from ..config import PAGE_SIZE, SUMMARY_PRECISIONS, LocksConfig
+
+logger = logging.getLogger(__name__)
+
+_DEFAULTS = LocksConfig()
+# LocksConfig field -> flag; --locks-min-context defaults to the budget (contexts within it are dense anyway).
+FLAGS = {
+    "token_budget": "--locks-token-budget",
+    "rank": "--locks-rank",
+    "sink_pages": "--locks-sink-pages",
+    "local_pages": "--locks-local-pages",
+    "dense_layers": "--locks-dense-layers",
+    "min_context": "--locks-min-context",
+    "summary_precision": "--locks-summary-precision",
+}
+# SGLang: the KV cache must hold what the summaries and FlashInfer sparse decode read as is.
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
+
+
+def _dense_layers(text: str) -> Tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--locks-dense-layers takes comma-separated layer indices, got {text!r}")
+
+
+def add_locks_args(_result, parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("LOCKS sparse decode attention (sglang-locks)")
+    g.add_argument("--enable-locks", action="store_true",
+                   help="Decode through LOCKS sparse attention (forces --attention-backend flashinfer, --page-size 16).")
+    g.add_argument("--locks-token-budget", type=int, default=_DEFAULTS.token_budget,
+                   help="Sealed-page tokens attended per request and KV head (multiple of 16).")
+    g.add_argument("--locks-rank", type=int, default=_DEFAULTS.rank, help="Rank of each page's key basis, 1..16.")
+    g.add_argument("--locks-sink-pages", type=int, default=_DEFAULTS.sink_pages,
+                   help="First pages always attended.")
+    g.add_argument("--locks-local-pages", type=int, default=_DEFAULTS.local_pages,
+                   help="Last sealed pages always attended (>= 1).")
+    g.add_argument("--locks-dense-layers", type=_dense_layers, default=(),
+                   help="Comma-separated layer indices decoded densely by FlashInfer.")
+    g.add_argument("--locks-min-context", type=int, default=None,
+                   help="Requests with fewer tokens decode densely (default: the token budget).")
+    g.add_argument("--locks-summary-precision", choices=SUMMARY_PRECISIONS, default=_DEFAULTS.summary_precision,
+                   help="Storage of the page summaries.")
+
+
+def _flag_error(message: str) -> ValueError:
+    for field, flag in FLAGS.items():
+        message = re.sub(rf"\b{field}\b", flag, message)
+    return ValueError(f"--enable-locks: {message}")
+
+
+def locks_config_from_args(ns: argparse.Namespace) -> Optional[LocksConfig]:
+    """The validated LocksConfig of parsed flags, None without --enable-locks. ValueError names the flag."""
+    if not getattr(ns, "enable_locks", False):
+        return None
+    min_context = ns.locks_min_context if ns.locks_min_context is not None else ns.locks_token_budget
+    try:
+        config = LocksConfig(rank=ns.locks_rank, token_budget=ns.locks_token_budget, sink_pages=ns.locks_sink_pages,
+                             local_pages=ns.locks_local_pages, dense_layers=tuple(ns.locks_dense_layers),
+                             summary_precision=ns.locks_summary_precision, min_context=min_context)
+    except ValueError as e:
+        raise _flag_error(str(e)) from None
+    if config.local_pages < 1:
+        # A page sealed by a decode step is summarised at the next forward; until then it must be forced in.
+        raise _flag_error(f"local_pages must be >= 1, got {config.local_pages}")
+    if config.min_context > config.token_budget and config.dense_layers:
+        raise _flag_error("min_context above token_budget cannot be combined with dense_layers "
+                          "(both need FlashInfer's own decode plan, with different lengths)")
+    _reject_unsupported(ns)
+    return config
+
+
+def _reject_unsupported(ns: argparse.Namespace) -> None:
+    def fail(flag: str, why: str):
+        raise ValueError(f"--enable-locks does not support {flag}: {why}")
+
+    if ns.page_size not in (None, PAGE_SIZE):
+        fail(f"--page-size {ns.page_size}", f"LOCKS summarises {PAGE_SIZE}-token pages; use --page-size {PAGE_SIZE}")
+    for flag in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
+        value = getattr(ns, flag, None)
+        if value not in (None, "flashinfer"):
+            fail(f"--{flag.replace('_', '-')} {value}", "LOCKS runs on the flashinfer backend")
+    if ns.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+        fail(f"--kv-cache-dtype {ns.kv_cache_dtype}", f"supported: {', '.join(SUPPORTED_KV_CACHE_DTYPES)}")
+    if ns.speculative_algorithm:
+        fail("--speculative-algorithm", "verify steps move KV between pages")
+    if ns.enable_hierarchical_cache:
+        fail("--enable-hierarchical-cache", "pages loaded back from host memory have no summaries")
+    if getattr(ns, "enable_hisparse", False):
+        fail("--enable-hisparse", "another sparse attention")
+    if ns.dcp_size > 1:
+        fail(f"--dcp-size {ns.dcp_size}", "pages are split across ranks")
+    if ns.disaggregation_mode != "null":
+        fail(f"--disaggregation-mode {ns.disaggregation_mode}", "transferred KV arrives without summaries")
+
+
+def from_cli_args_with_locks(original, cls, ns: argparse.Namespace):
+    config = locks_config_from_args(ns)
+    if config is not None:
+        ns.page_size = PAGE_SIZE
+        ns.attention_backend = "flashinfer"
+        # LOCKS reads req_to_token inside the decode graph, after the pre-replay
+        # snapshot SGLang's fast write-after-read barrier assumes is the last read.
+        os.environ["SGLANG_FORCE_COARSE_WAR_BARRIER"] = "1"
+    server_args = original(cls, ns)
+    # ServerArgs is frozen after __post_init__; the attribute is pickled with it.
+    object.__setattr__(server_args, "locks_config", config)
+    if config is not None:
+        logger.info("LOCKS enabled: %s", dataclasses.asdict(config))
+    return server_args
+
+
+def locks_config_of(server_args) -> Optional[LocksConfig]:
+    return getattr(server_args, "locks_config", None)

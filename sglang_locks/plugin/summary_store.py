@@ -1,0 +1,215 @@
+"""Summary store: LOCKS page summaries beside SGLang's KV pool, keyed by physical page.
+
+One ``PageSummaries`` holds every LOCKS layer (row ``slot * num_pages + page``),
+so a page sealed at decode is summarised for all layers in one batched call;
+``layer(layer_id)`` is a view for the scorer.
+
+Validity. ``page_generation[p]`` counts the allocator's releases of page p;
+``summary_generation[p]`` is the generation its summary was built for. A
+summary is valid iff the two agree. Builds at extend stamp the page's current
+generation. Pages sealed by a decode step are summarised at the start of the
+next forward (summarising needs torch.linalg.eigh, which CUDA graphs cannot
+capture), with the generation read when the step sealed them: a page released
+in between is written to page 0 (never mapped by SGLang's allocator) instead.
+Until then the page is the request's last sealed page, which the scorer
+forces in (local_pages >= 1) without reading its summary.
+
+All bookkeeping is device work on the caller's stream: no host syncs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..config import PAGE_SIZE, LocksConfig
+from ..summaries import PageSummaries
+
+# The KV pool a store belongs to -> the store (the allocator hooks only see the pool).
+_STORES: "weakref.WeakKeyDictionary[object, SummaryStore]" = weakref.WeakKeyDictionary()
+
+
+def store_for_pool(kv_pool) -> Optional["SummaryStore"]:
+    return _STORES.get(kv_pool)
+
+
+def attach_store(kv_pool, store: "SummaryStore") -> None:
+    _STORES[kv_pool] = store
+
+
+def _layer_view(summaries: PageSummaries, start: int, stop: int) -> PageSummaries:
+    return PageSummaries(
+        mu=summaries.mu[start:stop],
+        mu_scale=summaries.mu_scale[start:stop],
+        basis=summaries.basis[start:stop],
+        coef=summaries.coef[start:stop],
+        coef_scale=summaries.coef_scale[start:stop],
+        precision=summaries.precision,
+    )
+
+
+def summary_bytes_per_page_per_head(config: LocksConfig, head_dim: int) -> int:
+    return PageSummaries.allocate(1, 1, head_dim, config.rank, config.summary_precision).bytes_per_page_per_head()
+
+
+class SealedPages:
+    """Pages sealed by one extend: physical page ids [n] and their token slots [n, 16] (device)."""
+
+    def __init__(self, pages: torch.Tensor, slots: torch.Tensor):
+        self.pages, self.slots = pages, slots
+
+    def __len__(self) -> int:
+        return self.pages.numel()
+
+
+class SummaryStore:
+    def __init__(self, config: LocksConfig, layer_ids: Sequence[int], num_pages: int, num_kv_heads: int,
+                 head_dim: int, device) -> None:
+        self.config = config
+        self.num_pages = num_pages  # page 0 included
+        self.slot_of_layer: Dict[int, int] = {l: i for i, l in enumerate(layer_ids)}
+        self.summaries = PageSummaries.allocate(
+            len(layer_ids) * num_pages, num_kv_heads, head_dim, config.rank, config.summary_precision, device)
+        self._views = {l: _layer_view(self.summaries, i * num_pages, (i + 1) * num_pages)
+                       for l, i in self.slot_of_layer.items()}
+        self.page_generation = torch.zeros(num_pages, dtype=torch.int32, device=device)
+        self.summary_generation = torch.full((num_pages,), -1, dtype=torch.int32, device=device)
+        self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (pages, generation when sealed)
+        self.built_pages = 0  # pages handed to a build (host count)
+        self.reused_pages = 0  # sealed pages of radix-cache hits, never rebuilt
+        self._dropped = torch.zeros((), dtype=torch.int64, device=device)  # released before their build
+        self._stale_scorable = torch.zeros((), dtype=torch.int64, device=device)  # see check_scorable
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def layer_ids(self) -> Iterable[int]:
+        return self.slot_of_layer.keys()
+
+    def layer(self, layer_id: int) -> PageSummaries:
+        return self._views[layer_id]
+
+    def nbytes(self) -> int:
+        s = self.summaries
+        tensors = (s.mu, s.mu_scale, s.basis, s.coef, s.coef_scale, self.page_generation, self.summary_generation)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # ------------------------------------------------------------------ invalidation (allocator hooks)
+    def invalidate(self, *page_ids: torch.Tensor) -> None:
+        for ids in page_ids:
+            if ids.numel():
+                self.page_generation[ids.to(self.page_generation.device)] += 1
+
+    def invalidate_all(self) -> None:
+        self.page_generation += 1
+
+    def is_valid(self, pages: torch.Tensor) -> torch.Tensor:
+        return self.summary_generation[pages] == self.page_generation[pages]
+
+    # ------------------------------------------------------------------ extend
+    def sealed_by_extend(self, req_to_token, req_pool_indices, prefix_lens_cpu, seq_lens_cpu) -> SealedPages:
+        """Page j of a request seals in an extend iff prefix_len < 16 (j + 1) <= seq_len."""
+        device = req_to_token.device
+        first = torch.as_tensor(prefix_lens_cpu, dtype=torch.int64) // PAGE_SIZE
+        counts = (torch.as_tensor(seq_lens_cpu, dtype=torch.int64) // PAGE_SIZE - first).clamp_min(0)
+        total = int(counts.sum())
+        if total == 0:
+            return SealedPages(torch.zeros(0, dtype=torch.int64, device=device),
+                               torch.zeros(0, PAGE_SIZE, dtype=torch.int64, device=device))
+        rows = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+        page_in_req = torch.arange(total) - torch.repeat_interleave(counts.cumsum(0) - counts, counts) + first[rows]
+        rows_t = rows.to(device, non_blocking=True)
+        pos = (page_in_req * PAGE_SIZE).to(device, non_blocking=True)
+        req = req_pool_indices.to(torch.int64)[rows_t]
+        slots = req_to_token[req[:, None], pos[:, None] + torch.arange(PAGE_SIZE, device=device)].to(torch.int64)
+        pages = slots[:, 0] // PAGE_SIZE
+        self.summary_generation[pages] = self.page_generation[pages]
+        self.built_pages += total
+        return SealedPages(pages, slots)
+
+    def build_layer(self, layer_id: int, k_buffer: torch.Tensor, sealed: SealedPages) -> None:
+        """Summarise one layer's keys of the sealed pages (called right after the layer's KV write)."""
+        if len(sealed) and layer_id in self._views:
+            keys = k_buffer[sealed.slots]  # [n, 16, H, d]
+            self._views[layer_id].write(sealed.pages, keys)
+
+    # ------------------------------------------------------------------ decode
+    def record_decode_seals(self, req_to_token, req_pool_indices, seq_lens_cpu) -> None:
+        """A decode step whose seq_len (this step's token included) is a multiple of 16 seals that page."""
+        seals = (seq_lens_cpu % PAGE_SIZE == 0) & (seq_lens_cpu > 0)
+        if not bool(seals.any()):
+            return
+        idx = seals.nonzero().flatten()
+        device = req_to_token.device
+        last = (seq_lens_cpu[idx] - 1).to(torch.int64).to(device, non_blocking=True)
+        req = req_pool_indices[idx.to(device, non_blocking=True)].to(torch.int64)
+        pages = req_to_token[req, last].to(torch.int64) // PAGE_SIZE
+        self._pending.append((pages, self.page_generation[pages].clone()))
+        self.built_pages += idx.numel()
+
+    def flush_pending(self, kv_pool) -> None:
+        """Summarise, for every LOCKS layer at once, the pages sealed by earlier decode steps."""
+        if not self._pending:
+            return
+        pages = torch.cat([p for p, _ in self._pending])
+        sealed_gen = torch.cat([g for _, g in self._pending])
+        self._pending.clear()
+        alive = self.page_generation[pages] == sealed_gen
+        self._dropped += (~alive).sum()
+        target = torch.where(alive, pages, torch.zeros_like(pages))
+        slots = pages[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE, device=pages.device)
+        keys = torch.cat([kv_pool.get_key_buffer(l)[slots] for l in self.layer_ids])
+        rows = torch.cat([target + i * self.num_pages for i in self.slot_of_layer.values()])
+        self.summaries.write(rows, keys)
+        self.summary_generation[target] = torch.where(alive, sealed_gen, self.summary_generation[target])
+
+    # ------------------------------------------------------------------ checks and counters
+    def stale_scorable_pages(self, req_to_token, req_pool_indices, seq_lens) -> torch.Tensor:
+        """Pages the scorer would read a summary of, whose summary is not valid (device count).
+
+        Scored from summaries: pages [sink, sealed - local) of a request with
+        more sealed pages than the budget; the rest are attended without one.
+        """
+        cfg = self.config
+        n_sealed = seq_lens.to(torch.int64) // PAGE_SIZE
+        max_pages = max(1, req_to_token.shape[1] // PAGE_SIZE)
+        j = torch.arange(max_pages, device=req_to_token.device)
+        scored = (j >= cfg.sink_pages) & (j < (n_sealed - cfg.local_pages)[:, None])
+        scored &= (n_sealed > cfg.budget_pages)[:, None]
+        slots = req_to_token[req_pool_indices.to(torch.int64)][:, j * PAGE_SIZE].to(torch.int64)
+        pages = torch.where(scored, slots // PAGE_SIZE, torch.zeros_like(slots))
+        return (scored & ~self.is_valid(pages)).sum()
+
+    def check_scorable(self, req_to_token, req_pool_indices, seq_lens) -> None:
+        """Accumulate stale_scorable_pages into the stale_scorable counter (debug mode, no sync)."""
+        self._stale_scorable += self.stale_scorable_pages(req_to_token, req_pool_indices, seq_lens)
+
+    def count_reused(self, pages: int) -> None:
+        self.reused_pages += pages
+
+    def counters(self) -> Dict[str, int]:
+        dropped = int(self._dropped)
+        return {
+            "built_pages": self.built_pages - dropped,
+            "reused_pages": self.reused_pages,
+            "dropped_released_pages": dropped,
+            "stale_scorable_pages": int(self._stale_scorable),
+            "store_bytes": self.nbytes(),
+        }
+
+
+# ---------------------------------------------------------------------- allocator hooks
+def on_release_pages(_result, allocator, *page_ids: torch.Tensor) -> None:
+    """AFTER hook on PagedTokenToKVPoolAllocator._release_page_ids: every release (finish, abort,
+    eviction, duplicate prefix, flush) ends here."""
+    store = store_for_pool(allocator.get_kvcache())
+    if store is not None:
+        store.invalidate(*page_ids)
+
+
+def on_allocator_clear(_result, allocator) -> None:
+    """AFTER hook on PagedTokenToKVPoolAllocator.clear (start-up, flush_cache, resize)."""
+    store = store_for_pool(allocator.get_kvcache())
+    if store is not None:
+        store.invalidate_all()

@@ -1,0 +1,130 @@
+"""SGLang's own KV pools, paged allocator and radix cache on the CPU, with a LOCKS summary store attached.
+
+``Harness`` plays the parts of the scheduler and the attention backend that
+touch pages: extend (allocate, write keys, summarise the sealed pages, as
+forward_extend does), decode steps (seal recording and the next forward's
+flush) and the radix cache's caching of requests.
+"""
+
+import os
+
+import torch
+
+MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tiny-llama")
+LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
+
+
+def load_sglang_plugins():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+class Harness:
+    def __init__(self, config, pages=64, max_context=1024):
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        from sglang_locks.plugin.summary_store import SummaryStore, attach_store
+
+        load_sglang_plugins()
+        size = pages * 16
+        self.req_to_token_pool = ReqToTokenPool(size=8, max_context_len=max_context, device="cpu",
+                                                enable_memory_saver=False)
+        self.kv = MHATokenToKVPool(size=size, page_size=16, dtype=torch.float32, head_num=KV_HEADS,
+                                   head_dim=HEAD_DIM, layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+        self.allocator = PagedTokenToKVPoolAllocator(size, 16, torch.float32, "cpu", self.kv, need_sort=False)
+        self.radix = RadixCache(CacheInitParams(disable=False, req_to_token_pool=self.req_to_token_pool,
+                                                token_to_kv_pool_allocator=self.allocator, page_size=16))
+        num_pages = self.kv.get_key_buffer(0).shape[0] // 16
+        self.store = SummaryStore(config, range(LAYERS), num_pages, KV_HEADS, HEAD_DIM, "cpu")
+        attach_store(self.kv, self.store)
+        self.gen = torch.Generator().manual_seed(0)
+        self.seq_lens = {}  # req pool index -> tokens in the cache
+
+    @property
+    def req_to_token(self):
+        return self.req_to_token_pool.req_to_token
+
+    def new_request(self) -> int:
+        from types import SimpleNamespace
+
+        return self.req_to_token_pool.alloc([SimpleNamespace(req_pool_idx=None)])[0]
+
+    def keys_for(self, n):
+        return torch.randn(n, KV_HEADS, HEAD_DIM, generator=self.gen)
+
+    def forward_start(self):
+        """What every forward does first (the backend's init_forward_metadata)."""
+        self.store.flush_pending(self.kv)
+
+    def extend(self, reqs, extend_lens, prefix_lens=None):
+        """One extend forward: reqs continue from their cached length (or the given radix prefix)."""
+        from sglang.srt.mem_cache.allocator.paged import alloc_extend_naive
+
+        self.forward_start()
+        prefix = [self.seq_lens.get(r, 0) if prefix_lens is None else prefix_lens[i] for i, r in enumerate(reqs)]
+        seq = [p + n for p, n in zip(prefix, extend_lens)]
+        last_loc = torch.tensor([int(self.req_to_token[r, p - 1]) if p else -1 for r, p in zip(reqs, prefix)])
+        need_pages = sum(-(-s // 16) - -(-p // 16) for p, s in zip(prefix, seq))
+        free = self.allocator.free_pages[:need_pages]
+        self.allocator.free_pages = self.allocator.free_pages[need_pages:]
+        out = torch.empty(sum(extend_lens), dtype=torch.int64)
+        alloc_extend_naive(torch.tensor(prefix), torch.tensor(seq), last_loc, free, out, 16, "cpu")
+        at = 0
+        for r, p, s in zip(reqs, prefix, seq):
+            self.req_to_token[r, p:s] = out[at : at + s - p].to(torch.int32)
+            at += s - p
+            self.seq_lens[r] = s
+        sealed = self.store.sealed_by_extend(self.req_to_token, torch.tensor(reqs), prefix, torch.tensor(seq))
+        for layer in range(LAYERS):  # forward_extend: KV write, then the layer's summaries
+            self.kv.k_buffer[layer][out] = self.keys_for(out.numel())
+            self.store.build_layer(layer, self.kv.get_key_buffer(layer), sealed)
+        return out
+
+    def decode(self, reqs):
+        """One decode step: allocate each request's next slot, record seals, write the keys."""
+        from sglang.srt.mem_cache.allocator.paged import alloc_extend_naive
+
+        self.forward_start()
+        prefix = torch.tensor([self.seq_lens[r] for r in reqs])
+        need = int((prefix % 16 == 0).sum())
+        free = self.allocator.free_pages[:need]
+        self.allocator.free_pages = self.allocator.free_pages[need:]
+        last_loc = torch.stack([self.req_to_token[r, self.seq_lens[r] - 1].long() for r in reqs])
+        out = torch.empty(len(reqs), dtype=torch.int64)
+        alloc_extend_naive(prefix, prefix + 1, last_loc, free, out, 16, "cpu")
+        for r, loc in zip(reqs, out):
+            self.req_to_token[r, self.seq_lens[r]] = int(loc)
+            self.seq_lens[r] += 1
+        seq = torch.tensor([self.seq_lens[r] for r in reqs])
+        self.store.record_decode_seals(self.req_to_token, torch.tensor(reqs), seq)
+        for layer in range(LAYERS):
+            self.kv.k_buffer[layer][out] = self.keys_for(len(reqs))
+        return out
+
+    def pages_of(self, req, n_pages=None):
+        n = self.seq_lens[req] // 16 if n_pages is None else n_pages
+        return (self.req_to_token[req, : n * 16 : 16].long() // 16)
+
+    def stale_scorable(self, reqs):
+        seq = torch.tensor([self.seq_lens[r] for r in reqs])
+        return int(self.store.stale_scorable_pages(self.req_to_token, torch.tensor(reqs), seq))
+
+    def expected_summary(self, layer, pages):
+        """Summaries of the pages' current keys, built from scratch."""
+        from sglang_locks.summaries import PageSummaries
+
+        cfg = self.store.config
+        fresh = PageSummaries.allocate(len(pages), KV_HEADS, HEAD_DIM, cfg.rank, cfg.summary_precision)
+        slots = pages[:, None] * 16 + torch.arange(16)
+        fresh.write(torch.arange(len(pages)), self.kv.get_key_buffer(layer)[slots])
+        return fresh
+
+    def assert_summaries_current(self, pages):
+        for layer in range(LAYERS):
+            got, want = self.store.layer(layer), self.expected_summary(layer, pages)
+            for name in ("mu", "basis", "coef", "mu_scale", "coef_scale"):
+                assert torch.equal(getattr(got, name)[pages], getattr(want, name)), (layer, name)

@@ -1,0 +1,95 @@
+"""--enable-locks and the --locks-* flags through SGLang's own prepare_server_args (plugins loaded)."""
+
+import pickle
+
+import pytest
+
+from plugin_helpers import MODEL_DIR, load_sglang_plugins
+from sglang_locks.config import LocksConfig
+
+BASE = ["--model-path", MODEL_DIR, "--device", "cpu", "--skip-tokenizer-init"]
+
+
+def parse(*flags):
+    from sglang.srt.server_args import prepare_server_args
+
+    load_sglang_plugins()
+    return prepare_server_args(BASE + list(flags))
+
+
+def test_flags_reach_server_args_as_one_validated_config():
+    sa = parse("--enable-locks", "--locks-token-budget", "512", "--locks-rank", "4", "--locks-sink-pages", "2",
+               "--locks-local-pages", "3", "--locks-dense-layers", "1,0", "--locks-summary-precision", "bf16")
+    assert sa.locks_config == LocksConfig(token_budget=512, rank=4, sink_pages=2, local_pages=3, dense_layers=(0, 1),
+                                          summary_precision="bf16", min_context=512)
+    assert (sa.page_size, sa.attention_backend) == (16, "flashinfer")
+    # It travels to the scheduler processes pickled with server_args.
+    assert pickle.loads(pickle.dumps(sa)).locks_config == sa.locks_config
+
+
+def test_defaults():
+    cfg = parse("--enable-locks").locks_config
+    assert (cfg.token_budget, cfg.rank, cfg.sink_pages, cfg.local_pages, cfg.dense_layers, cfg.min_context) == (
+        2048, 8, 1, 1, (), 2048)
+
+
+def test_without_enable_locks_server_args_are_stock():
+    sa, stock = parse("--locks-token-budget", "512"), parse()
+    assert sa.locks_config is None
+    assert (sa.page_size, sa.attention_backend) == (stock.page_size, stock.attention_backend) != (16, "flashinfer")
+
+
+def test_help_lists_the_flags():
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    load_sglang_plugins()
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    text = parser.format_help()
+    for flag in ("--enable-locks", "--locks-token-budget", "--locks-rank", "--locks-sink-pages", "--locks-local-pages",
+                 "--locks-dense-layers", "--locks-min-context", "--locks-summary-precision"):
+        assert flag in text
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--locks-token-budget", "40"], r"--locks-token-budget must be a multiple of 16 and >= \(--locks-sink-pages"),
+    (["--locks-token-budget", "100"], r"--locks-token-budget must be a multiple of 16"),
+    (["--locks-rank", "0"], r"--locks-rank must be in \[1, page_size=16\], got 0"),
+    (["--locks-rank", "17"], r"--locks-rank must be in \[1"),
+    (["--locks-sink-pages", "-1"], r"--locks-sink-pages must be >= 0"),
+    (["--locks-local-pages", "0"], r"--locks-local-pages must be >= 1, got 0"),
+    (["--locks-dense-layers", "-2"], r"--locks-dense-layers must be layer indices >= 0"),
+    (["--locks-min-context", "-5"], r"--locks-min-context must be >= 0"),
+    (["--locks-min-context", "8192", "--locks-dense-layers", "0"], r"--locks-min-context above --locks-token-budget"),
+])
+def test_invalid_values_name_the_flag_and_range(flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse("--enable-locks", *flags)
+
+
+def test_bad_precision_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        parse("--enable-locks", "--locks-summary-precision", "int2")
+    assert "--locks-summary-precision" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--page-size", "32"], "--page-size 32"),
+    (["--attention-backend", "triton"], "--attention-backend triton"),
+    (["--decode-attention-backend", "fa3"], "--decode-attention-backend fa3"),
+    (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+    (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm"),
+    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache"),
+    (["--dcp-size", "2"], "--dcp-size 2"),
+    (["--disaggregation-mode", "decode"], "--disaggregation-mode decode"),
+])
+def test_unsupported_combinations_fail_naming_the_flag(flags, named):
+    with pytest.raises(ValueError, match=f"--enable-locks does not support {named}"):
+        parse("--enable-locks", *flags)
+
+
+def test_explicit_page_size_16_and_flashinfer_accepted():
+    sa = parse("--enable-locks", "--page-size", "16", "--attention-backend", "flashinfer")
+    assert (sa.page_size, sa.attention_backend) == (16, "flashinfer")
