@@ -143,11 +143,10 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib):
     parts = score_pages_triton(q, sums[0], *tables, dec.max_pages, sm_scale)
     forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
 
-    def select_step():  # aggregate with per-chunk candidates + top-k + token indices
+    def select_step():  # aggregate with page keys + radix top-k + token indices
         for _ in range(layers):
-            _, cand = aggregate_scores_triton(*parts, seq_lens, hkv, *forced, cfg.budget_pages)
-            selected_indices_triton(cand, *tables, dec.sparse.indptr, dec.sparse.indices, hkv, cfg.budget_pages,
-                                    dec.max_pages)
+            _, keys, hist = aggregate_scores_triton(*parts, seq_lens, hkv, *forced, keys=True)
+            selected_indices_triton(keys, hist, *tables, dec.sparse.indptr, dec.sparse.indices, hkv, cfg.budget_pages)
 
     def attend_step():
         for layer in range(layers):

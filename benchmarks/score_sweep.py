@@ -73,15 +73,15 @@ def main():
         indptr = torch.arange(hkv + 1, dtype=torch.int32, device="cuda") * cfg.token_budget
         indices = torch.empty(hkv * cfg.token_budget, dtype=torch.int32, device="cuda")
         agg_args = (scores, pm, ps, lens, hkv, 1, 1, "mass")
-        agg, cand = aggregate_scores_triton(*agg_args, cfg.budget_pages)
+        agg = aggregate_scores_triton(*agg_args)
 
         def select():
-            _, c = aggregate_scores_triton(*agg_args, cfg.budget_pages)
-            selected_indices_triton(c, r2t, rpi, lens, indptr, indices, hkv, cfg.budget_pages, max_pages)
+            _, keys, hist = aggregate_scores_triton(*agg_args, keys=True)
+            selected_indices_triton(keys, hist, r2t, rpi, lens, indptr, indices, hkv, cfg.budget_pages)
 
         for name, fn in (
             ("aggregate", lambda: aggregate_scores_triton(*agg_args)),
-            ("aggregate+candidates", lambda: aggregate_scores_triton(*agg_args, cfg.budget_pages)),
+            ("aggregate+keys", lambda: aggregate_scores_triton(*agg_args, keys=True)),
             ("aggregate+select_indices", select),
             ("torch_topk", lambda: select_pages(agg, cfg.budget_pages)),
         ):

@@ -13,10 +13,9 @@ kernel's per-chunk partials. Forced pages get +inf (sink pages, the last
 local_pages sealed pages) and pages past the sealed ones -inf, so a plain
 top-k picks forced pages first and never padding.
 
-For the GPU top-k (selected_indices) each program can also keep the top
-candidates of its BLOCK_AGG pages (a bitonic top-k in registers) as packed
-(16-bit selection key, page) words: the row's top-k is among them, so the
-top-k kernel reads n_chunks * k words instead of every page.
+For the GPU top-k (selected_indices) the kernel can also write each page's
+16-bit selection key (page_key) and count, per row, the keys' high bytes in a
+256-bin histogram (atomics), so that top-k starts with its first radix pass done.
 """
 
 from __future__ import annotations
@@ -28,7 +27,8 @@ import triton
 import triton.language as tl
 
 AGGREGATIONS = {"mass": 0, "max": 1, "logsumexp": 2}
-BLOCK_AGG = 1024  # pages per program; candidates pack a page's index in its chunk below the key
+BLOCK_AGG = 1024  # pages per program
+HIST_BINS = tl.constexpr(256)
 # Selection keys: fixed point over [-KEY_RANGE, 0] nats of a page's share of its
 # group's estimated mass, in steps of 1/KEY_SCALE nats (0.1 % of mass).
 KEY_RANGE = tl.constexpr(64.0)
@@ -45,11 +45,10 @@ def page_key(agg, offset):
 
 @triton.jit
 def _aggregate_kernel(
-    scores_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, out_ptr, cand_ptr,
+    scores_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, out_ptr, keys_ptr, hist_ptr,
     max_pages, n_chunks, sink_pages, local_pages,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_A: tl.constexpr, SUB_A: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
-    CAND: tl.constexpr, LOCAL_BITS: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr, KEYS: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -75,7 +74,27 @@ def _aggregate_kernel(
         run_m = new_m
     lse = tl.where(run_s > 0, run_m + tl.log(run_s), 0.0)
 
-    if CAND > 0:
+    p = chunk * BLOCK_A + tl.arange(0, BLOCK_A)
+    valid = p < n_sealed
+    s = tl.load(scores_ptr + qrows[:, None] * max_pages + p[None, :],
+                mask=gmask[:, None] & valid[None, :], other=float("-inf"))
+    if MODE == 0:
+        x = s - lse[:, None]
+        m = tl.max(x, 0)
+        safe = tl.where(m == float("-inf"), 0.0, m)
+        agg = safe + tl.log(tl.sum(tl.exp(x - safe[None, :]), 0))
+    elif MODE == 1:
+        agg = tl.max(s - lse[:, None], 0)
+    else:
+        m = tl.max(s, 0)
+        safe = tl.where(m == float("-inf"), 0.0, m)
+        agg = safe + tl.log(tl.sum(tl.exp(s - safe[None, :]), 0))
+    forced = (p < sink_pages) | (p >= n_sealed - local_pages)
+    agg = tl.where(forced, float("inf"), agg)
+    agg = tl.where(valid, agg, float("-inf"))
+    tl.store(out_ptr + row.to(tl.int64) * max_pages + p, agg, mask=p < max_pages)
+
+    if KEYS:
         # A bound on every page's agg, so agg - offset <= 0 is the page's share of the group's mass.
         if MODE == 0:
             offset = LOG_G
@@ -84,85 +103,35 @@ def _aggregate_kernel(
         else:
             lse_m = tl.max(tl.where(gmask, lse, float("-inf")), 0)
             offset = lse_m + tl.log(tl.sum(tl.where(gmask, tl.exp(lse - lse_m), 0.0), 0))
-        best = tl.full((CAND,), -1, tl.int32)
-
-    # The chunk in sub-blocks of SUB_A pages (a [G, SUB_A] tile of scores fits the registers).
-    for sub in tl.static_range(BLOCK_A // SUB_A):
-        local = sub * SUB_A + tl.arange(0, SUB_A)
-        p = chunk * BLOCK_A + local
-        valid = p < n_sealed
-        s = tl.load(scores_ptr + qrows[:, None] * max_pages + p[None, :],
-                    mask=gmask[:, None] & valid[None, :], other=float("-inf"))
-        if MODE == 0:
-            x = s - lse[:, None]
-            m = tl.max(x, 0)
-            safe = tl.where(m == float("-inf"), 0.0, m)
-            agg = safe + tl.log(tl.sum(tl.exp(x - safe[None, :]), 0))
-        elif MODE == 1:
-            agg = tl.max(s - lse[:, None], 0)
-        else:
-            m = tl.max(s, 0)
-            safe = tl.where(m == float("-inf"), 0.0, m)
-            agg = safe + tl.log(tl.sum(tl.exp(s - safe[None, :]), 0))
-        forced = (p < sink_pages) | (p >= n_sealed - local_pages)
-        agg = tl.where(forced, float("inf"), agg)
-        agg = tl.where(valid, agg, float("-inf"))
-        tl.store(out_ptr + row.to(tl.int64) * max_pages + p, agg, mask=p < max_pages)
-        if CAND > 0:
-            # Larger key first; among equal keys the smaller page (larger complement) first.
-            word = tl.where(valid, (page_key(agg, offset) << LOCAL_BITS) | (BLOCK_A - 1 - local), -1)
-            if SUB_A == BLOCK_A:
-                best = tl.topk(word, CAND)
-            else:
-                best = tl.topk(tl.reshape(tl.join(best, tl.topk(word, CAND)), (2 * CAND,)), CAND)
-    if CAND > 0:
-        tl.store(cand_ptr + (row * tl.num_programs(1) + chunk).to(tl.int64) * CAND + tl.arange(0, CAND), best)
-
-
-def candidates_per_chunk(budget_pages: int) -> int:
-    """Candidates each aggregation program keeps: the budget rounded up to a power of two."""
-    return triton.next_power_of_2(max(budget_pages, 1))
-
-
-MAX_CHUNKS = 16  # candidate chunks per row the top-k kernel merges, up to 4096-page chunks
-
-
-def aggregate_block(budget_pages: int, max_pages: int) -> int:
-    """Pages per aggregation program when it keeps candidates (selected_indices must agree).
-
-    At most MAX_CHUNKS chunks (up to 4096 pages each): the single top-k program
-    per row then merges few candidates, while many programs share the chunks.
-    """
-    pages = triton.next_power_of_2(max(max_pages, 1))
-    block = min(pages, max(BLOCK_AGG, min(4 * BLOCK_AGG, pages // MAX_CHUNKS)))
-    return max(candidates_per_chunk(budget_pages), block)
+        key = tl.where(valid, page_key(agg, offset), -1)
+        tl.store(keys_ptr + row.to(tl.int64) * max_pages + p, key, mask=p < max_pages)
+        counts = tl.histogram(key >> 8, HIST_BINS, mask=valid)
+        bins = tl.arange(0, HIST_BINS)
+        tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
 
 
 def aggregate_scores_triton(scores, part_max, part_sum, seq_lens, num_kv_heads, sink_pages, local_pages, mode,
-                            budget_pages=None):
+                            keys=False):
     """scores [B, Hq, P] and the scoring kernel's partials -> agg [B, H_kv, P].
 
-    With budget_pages, also returns the top-k candidates cand [B * H_kv,
-    n_chunks, kc] int32 (kc = candidates_per_chunk; -1 = none): per chunk of
-    aggregate_block pages, (page_key << log2(block)) | (block - 1 - page in chunk),
-    largest first.
+    With keys=True, returns (agg, keys, hist): keys [B * H_kv, P] int32 (page_key,
+    -1 past the sealed pages) and hist [B * H_kv, 256] int32, the count of each
+    key high byte, for selected_indices_triton.
     """
     bsz, hq, max_pages = scores.shape
     group = hq // num_kv_heads
+    rows = bsz * num_kv_heads
     out = torch.empty(bsz, num_kv_heads, max_pages, dtype=torch.float32, device=scores.device)
-    block = BLOCK_AGG if budget_pages is None else aggregate_block(budget_pages, max_pages)
-    grid = (bsz * num_kv_heads, triton.cdiv(max_pages, block))
-    kc = 0 if budget_pages is None else candidates_per_chunk(budget_pages)
-    cand = torch.empty(grid[0], grid[1], max(kc, 1), dtype=torch.int32, device=scores.device)
-    _aggregate_kernel[grid](
-        scores, part_max, part_sum, seq_lens, out, cand,
+    page_keys = torch.empty(rows, max_pages if keys else 1, dtype=torch.int32, device=scores.device)
+    hist = torch.zeros(rows, HIST_BINS.value if keys else 1, dtype=torch.int32, device=scores.device)
+    _aggregate_kernel[(rows, triton.cdiv(max_pages, BLOCK_AGG))](
+        scores, part_max, part_sum, seq_lens, out, page_keys, hist,
         max_pages, part_max.shape[-1], sink_pages, local_pages,
         HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group), PAGE=16,
-        BLOCK_A=block, SUB_A=min(block, max(BLOCK_AGG, kc)), BLOCK_N=64, MODE=AGGREGATIONS[mode], LOG_G=math.log(group),
-        CAND=kc, LOCAL_BITS=block.bit_length() - 1,
+        BLOCK_A=BLOCK_AGG, BLOCK_N=64, MODE=AGGREGATIONS[mode], LOG_G=math.log(group), KEYS=keys,
         num_warps=4,
     )
-    return out if budget_pages is None else (out, cand)
+    return (out, page_keys, hist) if keys else out
 
 
 def key_offset_torch(part_max, part_sum, num_kv_heads, mode) -> torch.Tensor:
@@ -183,19 +152,6 @@ def page_key_torch(agg: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     v = (agg.float() - offset.float()[:, None] + KEY_RANGE.value) * KEY_SCALE.value
     key = v.clamp(0, 65534).floor().long()
     return torch.where(agg == float("inf"), torch.full_like(key, 65535), key)
-
-
-def chunk_candidates_torch(agg, key_offset, budget_pages):
-    """Reference of the candidates aggregate_scores_triton returns with budget_pages."""
-    rows = agg.shape[0] * agg.shape[1]
-    flat = agg.reshape(rows, -1)
-    block, kc = aggregate_block(budget_pages, agg.shape[-1]), candidates_per_chunk(budget_pages)
-    n_chunks = -(-flat.shape[1] // block)
-    flat = torch.nn.functional.pad(flat, (0, n_chunks * block - flat.shape[1]), value=float("-inf"))
-    local = block - 1 - torch.arange(block)
-    words = (page_key_torch(flat, key_offset).view(rows, n_chunks, block) << (block.bit_length() - 1)) | local
-    words = torch.where(flat.view(rows, n_chunks, block) == float("-inf"), torch.full_like(words, -1), words)
-    return words.topk(kc, -1).values
 
 
 def aggregate_scores_torch(scores, seq_lens, num_kv_heads, sink_pages, local_pages, mode):

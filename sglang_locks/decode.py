@@ -49,10 +49,10 @@ class LocksDecode:
     def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens) -> None:
         cfg = self.config
         parts = score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages, self.sm_scale)
-        _, cand = aggregate_scores_triton(*parts, seq_lens, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
-                                          cfg.gqa_aggregation, cfg.budget_pages)
-        selected_indices_triton(cand, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr, self.sparse.indices,
-                                self.num_kv_heads, cfg.budget_pages, self.max_pages)
+        _, keys, hist = aggregate_scores_triton(*parts, seq_lens, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
+                                                cfg.gqa_aggregation, keys=True)
+        selected_indices_triton(keys, hist, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr,
+                                self.sparse.indices, self.num_kv_heads, cfg.budget_pages)
 
     def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens):
         """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""

@@ -8,8 +8,8 @@ from sglang_locks.config import LocksConfig
 from sglang_locks.kernels.aggregate_scores import (
     aggregate_scores_torch,
     aggregate_scores_triton,
-    chunk_candidates_torch,
     key_offset_torch,
+    page_key_torch,
 )
 from sglang_locks.kernels.score_pages import score_pages_torch, score_pages_triton
 from sglang_locks.scoring import score_pages
@@ -57,19 +57,22 @@ def test_aggregate_kernel_matches_reference(mode, seq_lens, hkv, group, device):
     max_pages = max(seq_lens) // 16 + 1
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
     scores, part_max, part_sum = score_pages_triton(q, *args, chunk_pages=48)
-    budget_pages = 24  # candidates per chunk: 32
-    got, cand = aggregate_scores_triton(scores, part_max, part_sum, c["seq_lens"], hkv, 2, 1, mode, budget_pages)
+    got, keys, hist = aggregate_scores_triton(scores, part_max, part_sum, c["seq_lens"], hkv, 2, 1, mode, keys=True)
     ref = aggregate_scores_torch(scores.double(), c["seq_lens"], hkv, 2, 1, mode)
     assert torch.equal(got == float("inf"), ref == float("inf"))
     assert torch.equal(got == float("-inf"), ref == float("-inf"))
     fin = torch.isfinite(ref)
     assert torch.allclose(got[fin].double(), ref[fin], atol=1e-4, rtol=1e-4)
-    # Top-k candidates of each chunk: packed (key, page) words of the kernel's own agg, largest first.
+    # Page keys of the kernel's own agg, -1 past the sealed pages; the histogram counts their high bytes.
     offset = key_offset_torch(part_max.cpu(), part_sum.cpu(), hkv, mode)
     flat = got.view(len(seq_lens) * hkv, -1).cpu()
     free = torch.isfinite(flat)
     assert (flat <= offset[:, None] + 1e-4)[free].all()  # agg - offset is a share of the group's mass
-    assert torch.equal(cand.cpu().long(), chunk_candidates_torch(got.cpu(), offset, budget_pages))
+    live = flat > float("-inf")
+    want = torch.where(live, page_key_torch(flat, offset), torch.full_like(live, -1, dtype=torch.int64))
+    assert torch.equal(keys.cpu().long(), want)
+    for row in range(flat.shape[0]):
+        assert torch.equal(hist[row].cpu().long(), torch.bincount(want[row][live[row]] >> 8, minlength=256))
 
 
 def test_forced_pages_and_padding():

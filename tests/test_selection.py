@@ -41,8 +41,8 @@ def test_selection_contains_sink_local_and_is_top():
             assert got - {0, 1, n - 3, n - 2, n - 1} == set(best)
 
 
-def _kernel_inputs(seq_lens, hkv, group, budget_pages, device, seed, ties=False):
-    """Random per-head scores -> (agg, candidates, key offsets) from the aggregation kernel."""
+def _kernel_inputs(seq_lens, hkv, group, device, seed, ties=False):
+    """Random per-head scores -> (agg, page keys, key histogram, key offsets) from the aggregation kernel."""
     gen = torch.Generator().manual_seed(seed)
     max_pages = max(seq_lens) // 16 + 2
     scores = 3 * torch.randn(len(seq_lens), hkv * group, max_pages, generator=gen)
@@ -52,18 +52,17 @@ def _kernel_inputs(seq_lens, hkv, group, budget_pages, device, seed, ties=False)
     scores = scores.masked_fill(torch.arange(max_pages) >= (lens.long() // 16)[:, None, None], float("-inf"))
     lse = torch.logsumexp(scores, -1, keepdim=True)
     part_max, part_sum = lse.clone(), torch.ones_like(lse)  # one chunk holding everything
-    agg, cand = aggregate_scores_triton(scores.to(device), part_max.to(device), part_sum.to(device), lens.to(device),
-                                        hkv, 1, 2, "mass", budget_pages)
-    return agg, cand, key_offset_torch(part_max, part_sum, hkv, "mass")
+    agg, keys, hist = aggregate_scores_triton(scores.to(device), part_max.to(device), part_sum.to(device),
+                                              lens.to(device), hkv, 1, 2, "mass", keys=True)
+    return agg, keys, hist, key_offset_torch(part_max, part_sum, hkv, "mass")
 
 
 CASES = [  # seq_lens (mixed: over and under budget, tails, empty), KV heads, group, budget
     ([16 * 50 + 7, 16 * 3 + 2, 9, 16 * 12], 3, 2, 160),
     ([16 * 11], 3, 4, 160),
-    ([16 * 2500 + 3, 16 * 700], 1, 4, 160),    # several chunks of candidates
-    # Interpreted top-k over thousands of candidates takes minutes: these run on the GPU only.
-    pytest.param([16 * 1700], 1, 4, 16 * 1500, marks=pytest.mark.gpu),  # budget over one chunk of pages
-    pytest.param([16 * 40000 + 3, 16 * 7000], 2, 4, 2048, marks=pytest.mark.gpu),  # 640K tokens
+    ([16 * 2500 + 3, 16 * 700], 1, 4, 160),    # several chunks, boundary bin spread over them
+    ([16 * 1700], 1, 4, 16 * 1500),             # budget over one chunk of pages
+    pytest.param([16 * 40000 + 3, 16 * 7000], 2, 4, 2048, marks=pytest.mark.gpu),  # 640K tokens: slow on CPU
     ([0, 16 * 40, 5], 1, 16, 16 * 4),
 ]
 
@@ -75,11 +74,11 @@ def test_indices_kernel_selects_top_keys_and_writes_tokens(seq_lens, hkv, group,
     c = random_cache(seq_lens, hkv, 64, device=device)
     # agg's rows follow the cache's (shuffled) batch order, so lengths come from the cache.
     lens = c["seq_lens"].cpu().tolist()
-    agg, cand, offset = _kernel_inputs(lens, hkv, group, cfg.budget_pages, device, seed=budget, ties=ties)
+    agg, keys, hist, offset = _kernel_inputs(lens, hkv, group, device, seed=budget, ties=ties)
     indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
     indices = torch.full((int(indptr[-1]) + 5,), -7, dtype=torch.int32, device=device)
-    selected_indices_triton(cand, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices,
-                            hkv, cfg.budget_pages, agg.shape[-1])
+    selected_indices_triton(keys, hist, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], indptr.to(device),
+                            indices, hkv, cfg.budget_pages)
     want_sel = select_pages_by_key_torch(agg.cpu(), offset, cfg.budget_pages)
     indptr_ref, indices_ref = selected_indices_torch(want_sel, c["req_to_token"].cpu(), c["req_pool_indices"].cpu(),
                                                      c["seq_lens"].cpu(), hkv, cfg.budget_pages)
@@ -101,6 +100,25 @@ def test_indices_kernel_selects_top_keys_and_writes_tokens(seq_lens, hkv, group,
             assert flat[row, taken].min() >= flat[row, : n // 16][left].max() - 2**-10
             assert (flat[row, [0, n // 16 - 2, n // 16 - 1]] == float("inf")).all()
             assert set(taken.tolist()) >= {0, n // 16 - 2, n // 16 - 1}
+
+
+def test_equal_scores_over_several_chunks_take_the_first_pages(device):
+    """Every free page ties: the budget's free slots go to the first pages, forced pages keep their place."""
+    n_pages, hkv = 3000, 1
+    cfg = LocksConfig(token_budget=16 * 8, sink_pages=1, local_pages=2)
+    c = random_cache([16 * n_pages + 5], hkv, 64, device=device)
+    scores = torch.zeros(1, 4, n_pages, device=device)
+    part = torch.zeros(1, 4, 1, device=device)
+    _, keys, hist = aggregate_scores_triton(scores, part + torch.log(torch.tensor(float(n_pages))), part + 1,
+                                            c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, "mass", keys=True)
+    indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    indices = torch.full((int(indptr[-1]),), -7, dtype=torch.int32, device=device)
+    selected_indices_triton(keys, hist, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], indptr.to(device),
+                            indices, hkv, cfg.budget_pages)
+    table = c["req_to_token"][int(c["req_pool_indices"][0])].cpu().long()
+    pages = [0, 1, 2, 3, 4, 5, n_pages - 2, n_pages - 1]
+    want = torch.cat([table[p * 16 : p * 16 + 16] for p in pages] + [table[n_pages * 16 : n_pages * 16 + 5]])
+    assert torch.equal(indices.cpu().long(), want * hkv)
 
 
 def test_key_rule_is_exact_top_k_without_near_ties():
