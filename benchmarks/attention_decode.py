@@ -192,9 +192,11 @@ def main():
     ap.add_argument("--time-limit", type=float, default=400, help="seconds; later cases are skipped")
     args = ap.parse_args()
     t0 = time.time()
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # GIT_REV first: the device machine's copy of the checkout can carry stale git metadata.
+    git = os.environ.get("GIT_REV") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                      text=True).stdout.strip()
     header = {
-        "gpu": torch.cuda.get_device_name(), "git": git or os.environ.get("GIT_REV", "unknown"),
+        "gpu": torch.cuda.get_device_name(), "git": git or "unknown",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python"] + sys.argv), "torch": torch.__version__,
         "copy_bandwidth_gbs": copy_bandwidth_gbs(),

@@ -1,12 +1,35 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, summary-build and attention-step benchmarks; logs and JSON under $OUT.
-# Usage on the H200 (see README): GIT_REV=<rev> bash benchmarks/h200_run.sh [attention_decode.py args...]
+# H200 runs in phases, each one device call under the 10-minute limit; logs and JSON under $OUT.
+#
+#   GIT_REV=$(git rev-parse --short HEAD) bash benchmarks/h200_run.sh PHASE [args...]
+#
+#   tests    GPU tests of the core library (~3 min)                     -> gpu_tests.log
+#   kernels  score-kernel sweep, then the attention step of all layers  -> score_sweep.json, attention_decode.json
+#            (~5 min; args go to attention_decode.py)
+#   server   the SGLang server test: greedy equality, long contexts,    -> server_gpu.log, server logs
+#            shared-prefix reuse (~3.5 min)
+#   build    summary-build benchmark                                    -> summary_build.json
+# GIT_REV is recorded in the JSON headers (the device copy's git metadata can lag the tree).
 set -o pipefail
+phase=${1:?usage: h200_run.sh tests|kernels|server|build [args...]}
+shift
 source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+export GIT_REV=${GIT_REV:?set GIT_REV to the revision being measured}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
-python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/gpu_tests.log"
-python3 benchmarks/summary_build.py --out "$OUT/summary_build.json" 2>&1 | tee "$OUT/summary_build.log"
-python3 benchmarks/attention_decode.py --out "$OUT/attention_decode.json" "$@" 2>&1 | tee "$OUT/attention_decode.log"
+case "$phase" in
+tests)
+    python3 -m pytest -q -rs tests --ignore=tests/test_server_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
+kernels)
+    (cd benchmarks && python3 score_sweep.py --out "$OUT/score_sweep.json") 2>&1 | tee "$OUT/score_sweep.log"
+    (cd benchmarks && python3 attention_decode.py --out "$OUT/attention_decode.json" "$@") 2>&1 | tee "$OUT/attention_decode.log" ;;
+server)
+    mkdir -p "$OUT/server"
+    OUT="$OUT/server" python3 -m pytest -q -rs tests/test_server_gpu.py 2>&1 | tee "$OUT/server_gpu.log" ;;
+build)
+    python3 benchmarks/summary_build.py --out "$OUT/summary_build.json" 2>&1 | tee "$OUT/summary_build.log" ;;
+*)
+    echo "unknown phase $phase" >&2; exit 2 ;;
+esac

@@ -10,6 +10,7 @@ GQA aggregations compare, not how selectors do on real models (issue 4).
 import argparse
 import datetime
 import json
+import os
 import subprocess
 
 from sglang_locks.evaluate import evaluate
@@ -31,7 +32,9 @@ def main():
             for r in evaluate(data, BUDGETS, SELECTORS, aggregation=agg):
                 rows.append({"group": group, "aggregation": agg, **r})
                 print(rows[-1], flush=True)
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # GIT_REV first: the device machine's copy of the checkout can carry stale git metadata.
+    git = os.environ.get("GIT_REV") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                      text=True).stdout.strip()
     header = {"machine": "CPU (torch references)", "git": git,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": f"python benchmarks/selector_eval.py --out {args.out} --tokens {args.tokens}",
