@@ -248,3 +248,97 @@ def test_folded_recall_rows_match_per_layer_and_doc():
         alone = recall_and_error("quest", kv["keys"][i], kv["queries"][i], kv["values"][i], [64])[64]
         assert r["recall"] == pytest.approx(alone["recall"][r["kv_head"]].item(), abs=1e-6)
         assert r["rel_error"] == pytest.approx(alone["rel_error"][r["kv_head"]].item(), abs=1e-5)
+
+
+def _planted_corpus(tmp_path):
+    """Training packages of real stdlib code and a held-out package whose every line carries a marker."""
+    import json.decoder
+    import random as random_module
+
+    from benchmarks.tiny_lm.corpus import load_corpus
+
+    for name, module in {"pkg_a": random_module, "pkg_b": json.decoder}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "m.py").write_bytes(open(module.__file__, "rb").read())
+    (tmp_path / "asyncio").mkdir()
+    (tmp_path / "asyncio" / "h.py").write_text("".join(f"HELDOUT_{i} = held_out_call({i})\n" for i in range(3000)))
+    return load_corpus([str(tmp_path)], held_out=("asyncio",))
+
+
+def test_planted_answers_are_earlier_assignments_of_training_text(tmp_path):
+    import random
+    import re
+
+    from benchmarks.tiny_lm.planted import TRAIN_CUES, planted_batch
+
+    corpus = _planted_corpus(tmp_path)
+    stream = corpus.train_stream(1 << 30)
+    assert set(corpus.held_out) == {"asyncio"} and b"HELDOUT" not in stream.numpy().tobytes()
+    cue_patterns = [re.escape(c).replace(re.escape("{name}"), r"(\w+)").encode() for c in TRAIN_CUES]
+    rng, n_answers = random.Random(0), 0
+    for length in (256, 512, 1024, 4096):
+        targets, mask = planted_batch(stream, 24, length, rng)
+        assert targets.shape == mask.shape == (24, length) and targets.max() < 256
+        for row, row_mask in zip(targets, mask):
+            out = bytes(row.tolist())
+            assert b"HELDOUT" not in out and b"held_out_call" not in out and b"SECRET" not in out
+            spans = []  # runs of the answer mask
+            for i in row_mask.nonzero().flatten().tolist():
+                if spans and spans[-1][1] == i:
+                    spans[-1][1] = i + 1
+                else:
+                    spans.append([i, i + 1])
+            for start, end in spans:
+                answer = out[start:end]
+                value = answer[:-1]
+                assert answer.endswith(b'"') and re.fullmatch(rb"[A-Za-z0-9]{4,10}", value)
+                line_start = out.rfind(b"\n", 0, start) + 1
+                cue = out[line_start:start]
+                names = [m.group(1) for p in cue_patterns if (m := re.fullmatch(p, cue))]
+                assert len(names) == 1, cue
+                name = names[0]
+                assignment = name + b' = "' + value + b'"\n'
+                first = (b"\n" + out).find(b"\n" + assignment)  # start of the first such line
+                assert 0 <= first and line_start - first >= min(256, length // 8)  # at least min_gap back
+                # every earlier quoted assignment of this name has this value: the answer is unique
+                assert set(re.findall(rb"(?:^|\n)" + re.escape(name) + rb' = "(\w*)"', out[:line_start])) == {value}
+                n_answers += 1
+    assert n_answers >= 4 * 24  # every window has at least one cue
+
+
+def test_planted_values_are_random(tmp_path):
+    import random
+    import string
+
+    from benchmarks.tiny_lm.planted import plant
+
+    text = _planted_corpus(tmp_path).train_stream(1 << 30).numpy().tobytes()
+    assert plant(text[:512], 512, random.Random(5)) == plant(text[:512], 512, random.Random(5))
+    values = []
+    rng = random.Random(1)
+    for i in range(3000):
+        start = i * 97 % (len(text) - 256)
+        out, answers = plant(text[start : start + 256], 256, rng)
+        values += [out[a : b - 1].decode() for a, b in answers]
+    assert len(values) > 2900 and len(set(values)) > 0.99 * len(values)  # 62**4 and up: repeats are rare
+    assert {len(v) for v in values} == set(range(4, 11))
+    firsts = [v[0] for v in values]
+    counts = [firsts.count(c) for c in string.ascii_letters + string.digits]
+    assert min(counts) > 0 and max(counts) < 2.5 * len(firsts) / 62  # close to uniform over the alphabet
+
+
+def test_mix_planted_replaces_rows_consistently():
+    import random
+
+    from benchmarks.tiny_lm.train import mix_planted, sample_batch
+
+    stream = torch.frombuffer(bytearray(b"def f(alpha, beta):\n    return alpha + beta\n" * 400), dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(0)
+    x, y = sample_batch(stream, 16, 512, gen)
+    x0, y0 = x.clone(), y.clone()
+    assert not mix_planted(x, y, stream, 0.0, random.Random(0)).any() and torch.equal(y, y0)
+    answers = mix_planted(x, y, stream, 0.5, random.Random(0))
+    changed = (y != y0).any(1)
+    assert 0 < changed.sum() < 16 and torch.equal(answers.any(1), changed)
+    assert torch.equal(x[:, 1:], y[:, :-1]) and (x[:, 0] == byte_tokenizer.BOS).all()
+    assert torch.equal(x[~changed], x0[~changed])

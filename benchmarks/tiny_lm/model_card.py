@@ -49,6 +49,12 @@ def render(log: dict) -> str:
         "Each package's files are concatenated in path order, each after a `# file: <path>` line; training "
         "windows are random slices of that stream.",
         "",
+        *([f"{log['args']['retrieval_frac']:.0%} of the windows carry planted retrieval (benchmarks/tiny_lm/planted.py): "
+        "lines `NAME = \"<4-10 random letters/digits>\"` inserted into the training code and, later in the window, "
+        "cues such as `assert NAME == \"` followed by the value, whose bytes weigh "
+        f"{log['args']['answer_weight']:g} in the loss. The values are random, so only copying predicts them; "
+        "the names are the window's own identifiers (never `SECRET`), the evaluation's `print` cue is not among "
+        "the training cues.", ""] if log["args"]["retrieval_frac"] else []),
         f"Held out, never trained on (split by package name; a held-out file with the exact bytes of a training "
         f"file or of another held-out file is dropped: {corpus['held_out_files_dropped_as_duplicates']} were): "
         + ", ".join(f"`{k}` ({v / 1024:.0f} KiB)" for k, v in corpus["held_out_packages"].items()) + ".",
@@ -75,9 +81,11 @@ def render(log: dict) -> str:
     ]
     for p in curve["points"]:
         lines.append(f"| {p['step']} | {p['t']:.0f} | {p['tokens'] / 1e6:.1f}M | {p['held_out_loss']:.3f} |")
-    lines += ["", "Training loss (one batch each):", "", "| step | context | loss |", "| ---: | ---: | ---: |"]
+    lines += ["", "Training loss (one batch each; planted-answer loss: mean over that batch's answer bytes):", "",
+              "| step | context | loss | planted-answer loss |", "| ---: | ---: | ---: | ---: |"]
     for s in _sampled(log["loss_curve"], 12):
-        lines.append(f"| {s['step']} | {s['context']} | {s['loss']:.3f} |")
+        answer = "-" if s["answer_loss"] is None else f"{s['answer_loss']:.3f}"
+        lines.append(f"| {s['step']} | {s['context']} | {s['loss']:.3f} | {answer} |")
     lines += [
         "",
         f"Final held-out loss at {final['context']} tokens ({len(final['docs'])} documents): {_bpb(final['loss_nats_per_byte'])}; "

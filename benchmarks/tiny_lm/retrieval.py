@@ -19,6 +19,7 @@ the time (reported as ``copied_other`` when it copies a wrong one).
 from __future__ import annotations
 
 import random
+import re
 import string
 from typing import Dict, List
 
@@ -48,7 +49,8 @@ def make_prompts(held_out: Dict[str, bytes], context: int, count: int, n_secrets
         text = held_out[packages[i % len(packages)]]
         if filler_len <= 0 or len(text) < filler_len:
             raise ValueError(f"context {context} too short for the prompt or package text too short")
-        ends = [j for j in range(filler_len - 1, len(text)) if text[j] == 10]  # filler ends at a newline
+        # filler ends at a newline (found by re: a Python loop over a package's bytes per prompt is slow)
+        ends = [filler_len - 1 + m.start() for m in re.finditer(rb"\n", text[filler_len - 1 :])]
         end = rng.choice(ends) if ends else filler_len - 1
         filler = text[end - filler_len + 1 : end + 1]
         ids = [BOS] + list(head.encode()) + list(filler) + list(cue.encode())

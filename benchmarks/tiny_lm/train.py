@@ -1,12 +1,15 @@
 """Train the tiny long-context Llama on this machine's Python sources within a wall-clock budget.
 
-    python -m benchmarks.tiny_lm.train --out OUT_DIR [--minutes 8] [--curriculum 1024:0.1,4096:0.2,16384:0.4,32768:0.3]
+    python -m benchmarks.tiny_lm.train --out OUT_DIR [--minutes 8] [--curriculum 512:0.05,1024:0.1,4096:0.2,16384:0.35,32768:0.3]
         [--name tiny-llama-pycode]
 
 Schedules run on the fraction of the time budget spent, not on a step count
 (steps/s is unknown until it runs): the curriculum gives each context length
 its share of the time, the learning rate warms up and decays on a cosine.
 Every step has about --tokens-per-step tokens (batch = tokens // context).
+A --retrieval-frac share of the windows carry planted key-value retrieval
+(planted.py: random values, so only copying predicts them after their cue);
+their answer bytes weigh --answer-weight in the loss.
 Writes the Hugging Face directory OUT_DIR/NAME/: weights, config, tokenizer,
 README.md (the model card) and train_log.json (corpus, loss curve, held-out
 losses, timings).
@@ -18,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import random
 import sys
 import time
 from typing import List, Tuple
@@ -30,6 +34,7 @@ from .corpus import DEFAULT_EXTRA_ROOTS, default_roots, load_corpus
 from .export import save_model
 from .model import TinyLlama, TinyLlamaConfig
 from .model_card import write_model_card
+from .planted import planted_batch
 from .retrieval import dense_accuracy
 
 POSITION_BUCKETS = (0, 1024, 4096, 16384, 32768, 65536)
@@ -65,6 +70,21 @@ def sample_batch(stream: torch.Tensor, batch: int, length: int, gen: torch.Gener
     return torch.cat([bos, window[:, :-1]], 1), window
 
 
+def mix_planted(x: torch.Tensor, y: torch.Tensor, cpu_stream: torch.Tensor, frac: float, rng: random.Random):
+    """Replace a random ``frac`` of the rows of (x, y) in place by planted-retrieval windows of the
+    same (training) stream; returns the answer mask [B, T] over y."""
+    answers = torch.zeros_like(y, dtype=torch.bool)
+    rows = [i for i in range(y.shape[0]) if rng.random() < frac]
+    if rows:
+        targets, mask = planted_batch(cpu_stream, len(rows), y.shape[1], rng)
+        idx = torch.tensor(rows, device=y.device)
+        targets = targets.to(y.device)
+        y[idx] = targets
+        x[idx, 1:] = targets[:, :-1]
+        answers[idx] = mask.to(y.device)
+    return answers
+
+
 @torch.no_grad()
 def next_token_losses(model, ids: torch.Tensor, batch: int = 4) -> torch.Tensor:
     """Per-position loss [n_docs, T-1] of documents ids [n_docs, T] (dense attention)."""
@@ -92,9 +112,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default="tiny-llama-pycode", help="model directory name under --out")
     ap.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of the training loop")
-    ap.add_argument("--curriculum", default="1024:0.1,4096:0.2,16384:0.4,32768:0.3",
+    ap.add_argument("--curriculum", default="512:0.05,1024:0.1,4096:0.2,16384:0.35,32768:0.3",
                     help="context:share-of-time stages, in order")
     ap.add_argument("--tokens-per-step", type=int, default=1 << 16)
+    # A CPU model learned to copy only once the answers' share of the loss was large (weight 20, not 5).
+    ap.add_argument("--retrieval-frac", type=float, default=0.5, help="share of windows with planted retrieval")
+    ap.add_argument("--answer-weight", type=float, default=20.0, help="loss weight of a planted answer byte")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=float, default=0.03, help="share of the budget")
     ap.add_argument("--final-lr-ratio", type=float, default=0.05)
@@ -110,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--extra-roots", default=",".join(DEFAULT_EXTRA_ROOTS), help="more package folders (comma-separated)")
     ap.add_argument("--eval-every-s", type=float, default=30.0)
     ap.add_argument("--eval-docs", type=int, default=8, help="held-out documents for the loss curve (4K tokens) and the final loss (longest context)")
-    ap.add_argument("--retrieval-prompts", type=int, default=8, help="dense retrieval check per context and template")
+    ap.add_argument("--retrieval-prompts", type=int, default=32, help="dense retrieval check per context and template")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (recompiles per context length)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -122,7 +145,8 @@ def main(argv=None) -> int:
     longest = max(length for length, _ in curriculum)
 
     corpus = load_corpus(default_roots([r for r in args.extra_roots.split(",") if r]))
-    stream = corpus.train_stream(int(args.max_corpus_mb * 2**20), args.seed).to(dev)
+    cpu_stream = corpus.train_stream(int(args.max_corpus_mb * 2**20), args.seed)
+    stream = cpu_stream.to(dev)
     if stream.numel() <= longest:
         raise SystemExit(f"training text {stream.numel()} bytes is shorter than the longest context {longest}")
     curve_docs = corpus.held_out_documents(min(4096, longest), args.eval_docs)
@@ -150,10 +174,11 @@ def main(argv=None) -> int:
                             lr=args.lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
     step_fn = torch.compile(model) if args.compile else model
     gen = torch.Generator(device=dev).manual_seed(args.seed)
+    rng = random.Random(args.seed)
 
     budget = args.minutes * 60
     steps, curve, stages = [], [], {}
-    tokens_seen, step, last_eval, last_print = 0, 0, -1e9, 0.0
+    tokens_seen, step, last_eval, last_print, recent_answer = 0, 0, -1e9, 0.0, []
     t_train = time.time()
     while True:
         elapsed = time.time() - t_train
@@ -172,15 +197,22 @@ def main(argv=None) -> int:
         for group in opt.param_groups:
             group["lr"] = lr
         x, y = sample_batch(stream, batch, length, gen)
+        answers = mix_planted(x, y, cpu_stream, args.retrieval_frac, rng)
         t_step = time.time()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = step_fn(x)
-        loss = F.cross_entropy(logits.view(-1, cfg.vocab_size), y.view(-1))
+        token_loss = F.cross_entropy(logits.view(-1, cfg.vocab_size), y.view(-1), reduction="none").view_as(y)
+        weights = 1 + (args.answer_weight - 1) * answers
+        loss = (token_loss * weights).sum() / weights.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss_value = loss.item()  # syncs: step times below are real
+        # syncs: step times below are real; the logged loss is unweighted, comparable with held-out losses
+        loss_value, answer_loss = torch.stack([token_loss.mean(), token_loss[answers].mean()]).tolist()
+        answer_loss = None if math.isnan(answer_loss) else answer_loss
+        if answer_loss is not None:
+            recent_answer.append(answer_loss)
         dt = time.time() - t_step
         st = stages.setdefault(length, {"steps": 0, "tokens": 0, "seconds": 0.0, "first_step_s": dt, "batch": batch})
         st["steps"] += 1
@@ -189,11 +221,13 @@ def main(argv=None) -> int:
         tokens_seen += batch * length
         step += 1
         steps.append({"step": step, "t": round(time.time() - t_train, 2), "context": length, "lr": lr,
-                      "loss": loss_value, "grad_norm": grad_norm.item()})
+                      "loss": loss_value, "answer_loss": answer_loss, "grad_norm": grad_norm.item()})
         if time.time() - last_print > 10:
             last_print = time.time()
+            answer = f"{sum(recent_answer) / len(recent_answer):.3f}" if recent_answer else "-"
+            recent_answer = []
             print(f"[train] {elapsed:6.0f}s step {step} ctx {length} bs {batch} lr {lr:.2e} loss {loss_value:.3f} "
-                  f"({batch * length / dt / 1e3:.0f}K tok/s)", flush=True)
+                  f"planted-answer loss {answer} ({batch * length / dt / 1e3:.0f}K tok/s)", flush=True)
     t_loop = time.time() - t_train
 
     model.eval()
@@ -202,7 +236,8 @@ def main(argv=None) -> int:
     final = next_token_losses(model, final_ids, batch=1)
     curve.append({"step": step, "t": round(t_loop, 2), "tokens": tokens_seen,
                   "held_out_loss": next_token_losses(model, curve_ids).mean().item()})
-    retrieval_contexts = sorted({min(c, longest) for c in (8192, 16384, 32768)})
+    # short contexts too: they tell "never learned to copy" from "did not extend to long range"
+    retrieval_contexts = sorted({min(c, longest) for c in (1024, 4096, 8192, 16384, 32768)})
     retrieval_rows = [dense_accuracy(model, corpus.held_out, c, args.retrieval_prompts, template=t, seed=args.seed)
                       for c in retrieval_contexts for t in ("assign", "print")]
     t_eval = time.time() - t_eval
