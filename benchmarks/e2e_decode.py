@@ -96,7 +96,7 @@ def merge_rows(tool: str, shape: str, batch: int, contexts: list, budget: int, f
 def run_plan(args) -> list:
     rows = []
     for tool, shape, batch, contexts in PLAN:
-        if args.only and tool != args.only:
+        if args.only and tool != args.only or args.case and f"{tool}:{shape}:{batch}" not in args.case:
             continue
         medians, errors = {}, {}
         for mode in ("fullkv", "locks"):
@@ -210,6 +210,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="e2e_decode.json")
     p.add_argument("--only", choices=["bench_one_batch", "synthetic"])
+    p.add_argument("--case", action="append", help="TOOL:SHAPE:BATCH, e.g. bench_one_batch:llama8b:1 (repeatable; "
+                   "default: the whole plan, ~15 min)")
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--timeout", type=int, default=1800, help="seconds per SGLang process")
     p.add_argument("--log-dir", help="keep each SGLang process's log here")
