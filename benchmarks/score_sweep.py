@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--num-warps", default="2,4")
     ap.add_argument("--num-stages", default="2,3")
     ap.add_argument("--chunk-pages", default="0", help="0: the wrapper's default; else pages per program")
+    ap.add_argument("--int-conversion", default="ptx,cast")
     args = ap.parse_args()
     cfg = LocksConfig()
     copy_gbs = copy_bandwidth_gbs()
@@ -55,18 +56,19 @@ def main():
         q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
         max_pages = context // 16
         moved = hkv * max_pages * summ.bytes_per_page_per_head() + max_pages * 4 * (1 + hq)
-        grid = itertools.product(*(map(int, a.split(",")) for a in (args.block_pages, args.num_warps, args.num_stages, args.chunk_pages)))
-        for bp, nw, ns, cp in grid:
+        grid = itertools.product(*(map(int, a.split(",")) for a in (args.block_pages, args.num_warps, args.num_stages, args.chunk_pages)),
+                                 args.int_conversion.split(","))
+        for bp, nw, ns, cp, cvt in grid:
             try:
-                fn = lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, bp, nw, ns, cp or None)
+                fn = lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, bp, nw, ns, cp or None, cvt)
                 us = kernel_us(fn)
             except Exception as e:  # out of resources for this tile
                 rows.append({"shape": shape, "kernel": "score", "block_pages": bp, "num_warps": nw, "num_stages": ns,
-                             "chunk_pages": cp, "error": str(e)[:300]})
+                             "chunk_pages": cp, "int_conversion": cvt, "error": str(e)[:300]})
                 print(rows[-1], flush=True)
                 continue
             rows.append({"shape": shape, "kernel": "score", "block_pages": bp, "num_warps": nw, "num_stages": ns,
-                         "chunk_pages": cp or chunk_pages_for(hkv, max_pages, q.device, bp), "us": us,
+                         "chunk_pages": cp or chunk_pages_for(hkv, max_pages, q.device, bp), "int_conversion": cvt, "us": us,
                          "gbs": moved / us / 1e3, "copy_fraction": moved / us / 1e3 / copy_gbs})
             print(rows[-1], flush=True)
         scores, pm, ps = score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088)

@@ -10,10 +10,5 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def dot_in_bf16(device: torch.device) -> bool:
-    """bf16 tensor-core dots on the GPU; the interpreter's bf16 dot is wrong, so fp32 there."""
-    return device.type == "cuda" and not interpreted()
-
-
 def triton_usable(device: torch.device) -> bool:
     return device.type == "cuda" or interpreted()

@@ -15,7 +15,9 @@ Work per (page, KV head) on tensor cores, G query heads padded to 16 rows:
 int4 and int8 operands become exact fp16 integers with two or three integer
 instructions per four values (magic-number conversion: 0x64 in a half's high
 byte makes it 1024 + the low byte), instead of quarter-rate int-to-float
-conversions, which would cost more than reading the bytes. The padded query
+conversions, which would cost more than reading the bytes (int_conversion="cast"
+keeps plain casts, to measure the difference: which of the two lets Triton
+keep the narrow bytes in shared memory for the dots is an open question). The padded query
 rows are zero, so summing the [16 // G, G] row blocks drops them before the
 exponentials. One program scores a chunk of pages of one (request, KV head)
 in a loop (loads of the next block overlap the current one's math) and writes
@@ -35,10 +37,25 @@ LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 
 
+# Integer-to-float conversion of the summaries (constexpr CVT): 0 float32 casts (Triton's
+# interpreter, whose fp16/bf16 dots are unreliable), 1 fp16 casts, 2 fp16 by the PTX magic-number
+# trick (the default on GPUs).
+CONVERSIONS = {"cast": 1, "ptx": 2}
+
+
 @triton.jit
-def _int4_to_f16(x, FAST: tl.constexpr):
+def _to_dot_dtype(x, CVT: tl.constexpr):
+    if CVT == 0:
+        y = x.to(tl.float32)
+    else:
+        y = x.to(tl.float16)
+    return y
+
+
+@triton.jit
+def _int4_to_f16(x, CVT: tl.constexpr):
     """uint8 bytes holding two int4 (low nibble: element k, high: element k + d/2) -> (lo, hi)."""
-    if FAST:
+    if CVT == 2:
         # xor 0x8 turns a nibble v into v + 8 in [0, 15]; 0x6400 | n is the half 1024 + n.
         lo, hi = tl.inline_asm_elementwise(
             asm="""
@@ -70,14 +87,14 @@ def _int4_to_f16(x, FAST: tl.constexpr):
         )
     else:
         xi = x.to(tl.int32)
-        lo = (((xi & 15) ^ 8) - 8).to(tl.float32)
-        hi = ((((xi >> 4) & 15) ^ 8) - 8).to(tl.float32)
+        lo = _to_dot_dtype(((xi & 15) ^ 8) - 8, CVT)
+        hi = _to_dot_dtype((((xi >> 4) & 15) ^ 8) - 8, CVT)
     return lo, hi
 
 
 @triton.jit
-def _int8_to_f16(x, FAST: tl.constexpr):
-    if FAST:
+def _int8_to_f16(x, CVT: tl.constexpr):
+    if CVT == 2:
         # xor 0x80 gives b + 128 in [0, 255]; the byte 0x64 above it makes the half 1024 + that.
         y = tl.inline_asm_elementwise(
             asm="""
@@ -99,19 +116,17 @@ def _int8_to_f16(x, FAST: tl.constexpr):
             pack=4,
         )
     else:
-        y = x.to(tl.float32)
+        y = _to_dot_dtype(x, CVT)
     return y
 
 
 @triton.jit
-def _operand(x, QUANT: tl.constexpr, FAST: tl.constexpr):
-    """A summary tile as a dot operand: int8 via the magic conversion, floats as they are."""
+def _operand(x, QUANT: tl.constexpr, CVT: tl.constexpr):
+    """A summary tile as a dot operand: int8 converted exactly, floats as they are."""
     if QUANT:
-        y = _int8_to_f16(x, FAST)
-    elif FAST:
-        y = x.to(tl.float16)
+        y = _int8_to_f16(x, CVT)
     else:
-        y = x.to(tl.float32)
+        y = _to_dot_dtype(x, CVT)
     return y
 
 
@@ -123,7 +138,7 @@ def _score_pages_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr,
     max_pages, n_chunks, chunk_pages, scale_log2,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, FAST: tl.constexpr, BIG: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -145,12 +160,8 @@ def _score_pages_kernel(
     q_base = q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + k[None, :]
     q_lo = tl.load(q_base, mask=(g < G)[:, None], other=0.0)
     q_hi = tl.load(q_base + HALF, mask=(g < G)[:, None], other=0.0)
-    if FAST:
-        q_lo = q_lo.to(tl.float16)
-        q_hi = q_hi.to(tl.float16)
-    else:
-        q_lo = q_lo.to(tl.float32)
-        q_hi = q_hi.to(tl.float32)
+    q_lo = _to_dot_dtype(q_lo, CVT)
+    q_hi = _to_dot_dtype(q_hi, CVT)
 
     gg = tl.arange(0, G)
     out_rows = (b * HKV * G + h * G + gg).to(tl.int64)
@@ -175,8 +186,8 @@ def _score_pages_kernel(
 
         # q . mu: [GP, BLOCK_P]
         mu_base = mu_ptr + rec[None, :] * D + k[:, None]
-        mu_lo = _operand(tl.load(mu_base, mask=valid[None, :], other=0), QUANT, FAST)
-        mu_hi = _operand(tl.load(mu_base + HALF, mask=valid[None, :], other=0), QUANT, FAST)
+        mu_lo = _operand(tl.load(mu_base, mask=valid[None, :], other=0), QUANT, CVT)
+        mu_hi = _operand(tl.load(mu_base + HALF, mask=valid[None, :], other=0), QUANT, CVT)
         qmu = tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)
         qmu = qmu * (tl.load(mu_scale_ptr + rec, mask=valid, other=0.0) * scale_log2)[None, :]
 
@@ -186,11 +197,11 @@ def _score_pages_kernel(
         live_n = tl.reshape(tl.broadcast_to(valid[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,)) & (r_n < R)
         if QUANT:
             vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_n[None, :], other=0)
-            v_lo, v_hi = _int4_to_f16(vb, FAST)
+            v_lo, v_hi = _int4_to_f16(vb, CVT)
         else:
             v_base = basis_ptr + (rec_n * R + r_n)[None, :] * D + k[:, None]
-            v_lo = _operand(tl.load(v_base, mask=live_n[None, :], other=0.0), False, FAST)
-            v_hi = _operand(tl.load(v_base + HALF, mask=live_n[None, :], other=0.0), False, FAST)
+            v_lo = _operand(tl.load(v_base, mask=live_n[None, :], other=0.0), False, CVT)
+            v_hi = _operand(tl.load(v_base + HALF, mask=live_n[None, :], other=0.0), False, CVT)
         proj = tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)
         cs = tl.load(coef_scale_ptr + rec_n * R + r_n, mask=live_n, other=0.0)
         proj = proj * (cs * scale_log2)[None, :]   # log2-domain logit units: safe in fp16
@@ -201,13 +212,10 @@ def _score_pages_kernel(
         # operand in registers (gathering the operand element-wise costs 2*SUB loads per byte).
         c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :],
                          mask=valid[:, None] & (e[None, :] < R * PAGE), other=0)
-        c5 = tl.broadcast_to(tl.reshape(_operand(c_rows, QUANT, FAST), (NG, SUB, RP, 1, PAGE)), (NG, SUB, RP, SUB, PAGE))
+        c5 = tl.broadcast_to(tl.reshape(_operand(c_rows, QUANT, CVT), (NG, SUB, RP, 1, PAGE)), (NG, SUB, RP, SUB, PAGE))
         cbd = tl.where(same_page[None, :, None, :, None], c5, tl.zeros_like(c5))
         cbd = tl.reshape(cbd, (NG, SUB * RP, SUB * PAGE))
-        if FAST:
-            local = tl.dot(proj3.to(tl.float16), cbd)
-        else:
-            local = tl.dot(proj3, cbd)   # [NG, GP, SUB*PAGE]
+        local = tl.dot(_to_dot_dtype(proj3, CVT), cbd)   # [NG, GP, SUB*PAGE]
 
         # Drop the zero rows of padded query heads, add q . mu, log-sum-exp over each page's keys.
         local = tl.sum(tl.reshape(local, (NG, FOLD, G, SUB * PAGE)), 1)
@@ -253,7 +261,7 @@ def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block
 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None):
+                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None, int_conversion="ptx"):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
@@ -285,7 +293,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         scores, part_max, part_sum,
         max_pages, n_chunks, chunk, sm_scale * LOG2E,
         HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
-        QUANT=summaries.quantized, FAST=not interpreted(),
+        QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
         num_warps=num_warps, num_stages=num_stages,
     )
