@@ -122,8 +122,11 @@ def aggregate_scores_triton(scores, part_max, part_sum, seq_lens, num_kv_heads, 
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
     out = torch.empty(bsz, num_kv_heads, max_pages, dtype=torch.float32, device=scores.device)
-    page_keys = torch.empty(rows, max_pages if keys else 1, dtype=torch.int32, device=scores.device)
-    hist = torch.zeros(rows, HIST_BINS.value if keys else 1, dtype=torch.int32, device=scores.device)
+    if keys:
+        page_keys = torch.empty(rows, max_pages, dtype=torch.int32, device=scores.device)
+        hist = torch.zeros(rows, HIST_BINS.value, dtype=torch.int32, device=scores.device)
+    else:  # never touched by the kernel
+        page_keys = hist = out
     _aggregate_kernel[(rows, triton.cdiv(max_pages, BLOCK_AGG))](
         scores, part_max, part_sum, seq_lens, out, page_keys, hist,
         max_pages, part_max.shape[-1], sink_pages, local_pages,
