@@ -82,7 +82,17 @@ def random_summaries(num_pages, hkv, d, rank):
     return s
 
 
-def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib):
+def fastest_score_options(sweep_json: str) -> dict:
+    """shape -> launch options of the fastest score kernel in a score_sweep.py result."""
+    best = {}
+    for r in json.load(open(sweep_json))["rows"]:
+        if r["kernel"] == "score" and "us" in r and r["us"] < best.get(r["shape"], {}).get("us", float("inf")):
+            best[r["shape"]] = r
+    keys = ("block_pages", "num_warps", "num_stages", "int_conversion", "per_key")
+    return {shape: {k: r[k] for k in keys if k in r} for shape, r in best.items()}
+
+
+def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score_options=None):
     layers, hkv, hq, d = SHAPES[shape]
     slots = bsz * context + 16  # page 0 stays unused, as in SGLang
     kv_layer_bytes = slots * hkv * d * 2 * 2
@@ -128,7 +138,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib):
         dense["tc" if tc else "cuda_cores"] = graph_ms(dense_step, reps)
     dense_ms = min(dense.values())
 
-    dec = LocksDecode(cfg, workspace, hq, hkv, d, bsz, use_cuda_graph=True)
+    dec = LocksDecode(cfg, workspace, hq, hkv, d, bsz, use_cuda_graph=True, score_options=score_options)
     dec.plan(seq_lens_cpu, torch.bfloat16, torch.bfloat16, sm_scale)
     tables = (req_to_token, req_pool, seq_lens)
 
@@ -138,9 +148,9 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib):
 
     def score_step():
         for layer in range(layers):
-            score_pages_triton(q, sums[layer % n_sum], *tables, dec.max_pages, sm_scale)
+            score_pages_triton(q, sums[layer % n_sum], *tables, dec.max_pages, sm_scale, **dec.score_options)
 
-    parts = score_pages_triton(q, sums[0], *tables, dec.max_pages, sm_scale)
+    parts = score_pages_triton(q, sums[0], *tables, dec.max_pages, sm_scale, **dec.score_options)
     forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
 
     def select_step():  # aggregate with page keys + radix top-k + token indices
@@ -174,7 +184,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib):
         "bytes_dense": bytes_dense, "bytes_locks": bytes_locks,
         "bytes_locks_parts": {"summaries": summary_bytes, "page_ids": page_id_bytes, "selected_kv": selected_kv_bytes,
                               "indices": index_bytes, "score_intermediates": score_io_bytes},
-        "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum,
+        "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum, "score_options": dec.score_options,
     }
 
 
@@ -190,7 +200,10 @@ def main():
     ap.add_argument("--summary-cap-gib", type=float, default=24)
     ap.add_argument("--max-kv-tokens", type=int, default=4 << 20, help="skip cases with more tokens in the batch")
     ap.add_argument("--time-limit", type=float, default=400, help="seconds; later cases are skipped")
+    ap.add_argument("--score-options-from", help="a score_sweep.py JSON: score with each shape's fastest launch options "
+                    "(default: the kernel's defaults)")
     args = ap.parse_args()
+    score_options = fastest_score_options(args.score_options_from) if args.score_options_from else {}
     t0 = time.time()
     # GIT_REV first: the device machine's copy of the checkout can carry stale git metadata.
     git = os.environ.get("GIT_REV") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -209,7 +222,8 @@ def main():
                 if bsz * ctx > args.max_kv_tokens or time.time() - t0 > args.time_limit:
                     skipped.append(case)
                     continue
-                row = bench_case(shape, bsz, ctx, args.budget, args.reps, args.kv_cap_gib, args.summary_cap_gib)
+                row = bench_case(shape, bsz, ctx, args.budget, args.reps, args.kv_cap_gib, args.summary_cap_gib,
+                                 score_options.get(shape))
                 if row is None:
                     skipped.append(case)
                     continue

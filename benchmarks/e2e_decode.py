@@ -41,9 +41,9 @@ PLAN = [
     ("bench_one_batch", "llama8b", 1, [32 * K, 128 * K, 256 * K]),
     ("bench_one_batch", "llama8b", 4, [32 * K, 128 * K]),
     ("bench_one_batch", "glm4-9b-1m", 1, [256 * K]),
-    ("synthetic", "llama8b", 1, [128 * K]),
-    ("synthetic", "llama8b", 4, [128 * K]),
-    ("synthetic", "glm4-9b-1m", 1, [512 * K, 1024 * K]),
+    ("synthetic", "llama8b", 1, [32 * K, 128 * K, 256 * K]),
+    ("synthetic", "llama8b", 4, [32 * K, 128 * K]),
+    ("synthetic", "glm4-9b-1m", 1, [256 * K, 512 * K, 1024 * K]),
 ]
 OUTPUT_LEN = 32
 LOAD_PLUGINS_THEN = "from sglang.srt.plugins import load_plugins; load_plugins(); import runpy; runpy.run_module({!r}, run_name='__main__')"
@@ -93,11 +93,26 @@ def merge_rows(tool: str, shape: str, batch: int, contexts: list, budget: int, f
     return rows
 
 
+def selected_cases(only, cases) -> list:
+    """PLAN rows picked by --only / --case TOOL:SHAPE:BATCH[:CTX,CTX...] (contexts: a subset of the row's)."""
+    wanted = {}
+    for case in cases or []:
+        tool, shape, batch, *ctx = case.split(":")
+        wanted[(tool, shape, int(batch))] = set(map(int, ctx[0].split(","))) if ctx else None
+    picked = []
+    for tool, shape, batch, contexts in PLAN:
+        if only and tool != only or cases and (tool, shape, batch) not in wanted:
+            continue
+        if wanted.get((tool, shape, batch)):
+            contexts = [c for c in contexts if c in wanted[(tool, shape, batch)]]
+        if contexts:
+            picked.append((tool, shape, batch, contexts))
+    return picked
+
+
 def run_plan(args) -> list:
     rows = []
-    for tool, shape, batch, contexts in PLAN:
-        if args.only and tool != args.only or args.case and f"{tool}:{shape}:{batch}" not in args.case:
-            continue
+    for tool, shape, batch, contexts in selected_cases(args.only, args.case):
         medians, errors = {}, {}
         for mode in ("fullkv", "locks"):
             with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
@@ -210,8 +225,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="e2e_decode.json")
     p.add_argument("--only", choices=["bench_one_batch", "synthetic"])
-    p.add_argument("--case", action="append", help="TOOL:SHAPE:BATCH, e.g. bench_one_batch:llama8b:1 (repeatable; "
-                   "default: the whole plan, ~15 min)")
+    p.add_argument("--case", action="append", help="TOOL:SHAPE:BATCH[:CONTEXTS], e.g. bench_one_batch:llama8b:1:131072 "
+                   "(repeatable; contexts: a comma-separated subset of the plan's; default: the whole plan, ~20 min)")
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--timeout", type=int, default=1800, help="seconds per SGLang process")
     p.add_argument("--log-dir", help="keep each SGLang process's log here")

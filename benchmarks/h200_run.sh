@@ -5,7 +5,7 @@
 #
 #   tests    GPU tests of the core library (~3 min)                     -> gpu_tests.log
 #   kernels  score-kernel sweep, then the attention step of all layers  -> score_sweep.json, attention_decode.json
-#            (~5 min; args go to attention_decode.py)
+#            with each shape's fastest score kernel (~5 min; args go to attention_decode.py)
 #   server   the SGLang server test: greedy equality, long contexts,    -> server_gpu.log, server logs
 #            shared-prefix reuse (~3.5 min)
 #   build    summary-build benchmark                                    -> summary_build.json
@@ -24,7 +24,8 @@ tests)
     python3 -m pytest -q -rs tests --ignore=tests/test_server_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
 kernels)
     (cd benchmarks && python3 score_sweep.py --out "$OUT/score_sweep.json") 2>&1 | tee "$OUT/score_sweep.log"
-    (cd benchmarks && python3 attention_decode.py --out "$OUT/attention_decode.json" "$@") 2>&1 | tee "$OUT/attention_decode.log" ;;
+    (cd benchmarks && python3 attention_decode.py --out "$OUT/attention_decode.json" \
+        --score-options-from "$OUT/score_sweep.json" "$@") 2>&1 | tee "$OUT/attention_decode.log" ;;
 server)
     mkdir -p "$OUT/server"
     OUT="$OUT/server" python3 -m pytest -q -rs tests/test_server_gpu.py 2>&1 | tee "$OUT/server_gpu.log" ;;

@@ -32,9 +32,10 @@ def main():
     ap.add_argument("--inner", type=int, default=20, help="launches per timed graph")
     ap.add_argument("--block-pages", default="8,16,32")
     ap.add_argument("--num-warps", default="2,4")
-    ap.add_argument("--num-stages", default="2,3")
+    ap.add_argument("--num-stages", default="3")
     ap.add_argument("--chunk-pages", default="0", help="0: the wrapper's default; else pages per program")
     ap.add_argument("--int-conversion", default="ptx,cast")
+    ap.add_argument("--per-key", default="dot,fma")
     args = ap.parse_args()
     cfg = LocksConfig()
     copy_gbs = copy_bandwidth_gbs()
@@ -57,19 +58,18 @@ def main():
         max_pages = context // 16
         moved = hkv * max_pages * summ.bytes_per_page_per_head() + max_pages * 4 * (1 + hq)
         grid = itertools.product(*(map(int, a.split(",")) for a in (args.block_pages, args.num_warps, args.num_stages, args.chunk_pages)),
-                                 args.int_conversion.split(","))
-        for bp, nw, ns, cp, cvt in grid:
+                                 args.int_conversion.split(","), args.per_key.split(","))
+        for bp, nw, ns, cp, cvt, pk in grid:
+            opts = dict(block_pages=bp, num_warps=nw, num_stages=ns, chunk_pages=cp or None, int_conversion=cvt, per_key=pk)
+            row = {"shape": shape, "kernel": "score", **opts}
             try:
-                fn = lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, bp, nw, ns, cp or None, cvt)
-                us = kernel_us(fn)
+                us = kernel_us(lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, **opts))
             except Exception as e:  # out of resources for this tile
-                rows.append({"shape": shape, "kernel": "score", "block_pages": bp, "num_warps": nw, "num_stages": ns,
-                             "chunk_pages": cp, "int_conversion": cvt, "error": str(e)[:300]})
+                rows.append({**row, "error": str(e)[:300]})
                 print(rows[-1], flush=True)
                 continue
-            rows.append({"shape": shape, "kernel": "score", "block_pages": bp, "num_warps": nw, "num_stages": ns,
-                         "chunk_pages": cp or chunk_pages_for(hkv, max_pages, q.device, bp), "int_conversion": cvt, "us": us,
-                         "gbs": moved / us / 1e3, "copy_fraction": moved / us / 1e3 / copy_gbs})
+            row["chunk_pages"] = cp or chunk_pages_for(hkv, max_pages, q.device, bp)
+            rows.append({**row, "us": us, "gbs": moved / us / 1e3, "copy_fraction": moved / us / 1e3 / copy_gbs})
             print(rows[-1], flush=True)
         scores, pm, ps = score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088)
         indptr = torch.arange(hkv + 1, dtype=torch.int32, device="cuda") * cfg.token_budget

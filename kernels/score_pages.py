@@ -10,7 +10,9 @@ Work per (page, KV head) on tensor cores, G query heads padded to 16 rows:
      BLOCK_P pages side by side (N = BLOCK_P * r): the dominant FLOPs.
   2. the per-key term sum_r (V q)_r c_ir as a batched dot over groups of
      16 // r pages, whose coefficients form a block-diagonal [16, 16*pages]
-     operand (K = 16 satisfies tl.dot without padding r).
+     operand (K = 16 satisfies tl.dot without padding r); or (per_key="fma")
+     as G*r*16 CUDA-core multiply-adds per page, a fortieth of step 1's work,
+     which spares building that operand in shared memory.
 
 int4 and int8 operands become exact fp16 integers with two or three integer
 instructions per four values (magic-number conversion: 0x64 in a half's high
@@ -41,6 +43,8 @@ LN2 = tl.constexpr(0.6931471805599453)
 # interpreter, whose fp16/bf16 dots are unreliable), 1 fp16 casts, 2 fp16 by the PTX magic-number
 # trick (the default on GPUs).
 CONVERSIONS = {"cast": 1, "ptx": 2}
+# The per-key term sum_r (V q)_r c_ir: on tensor cores (True) or CUDA cores (False).
+PER_KEY = {"dot": True, "fma": False}
 
 
 @triton.jit
@@ -131,6 +135,48 @@ def _operand(x, QUANT: tl.constexpr, CVT: tl.constexpr):
 
 
 @triton.jit
+def _page_lse_dot(proj, qmu, c_rows, G: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr,
+                  PAGE: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr):
+    """Per-key term on tensor cores, per group of SUB pages: [NG, GP, SUB*RP] x block-diagonal
+    [NG, SUB*RP, SUB*PAGE] (the coefficient rows spread into the operand in registers), then
+    the page log-sum-exp in log2 units -> [G, BLOCK_P]."""
+    GP: tl.constexpr = 16
+    SUB: tl.constexpr = 16 // RP
+    NG: tl.constexpr = BLOCK_P // SUB
+    FOLD: tl.constexpr = GP // G
+    same_page = tl.arange(0, SUB)[:, None] == tl.arange(0, SUB)[None, :]
+    proj3 = tl.permute(tl.reshape(proj, (GP, NG, SUB * RP)), (1, 0, 2))
+    c5 = tl.broadcast_to(tl.reshape(_operand(c_rows, QUANT, CVT), (NG, SUB, RP, 1, PAGE)), (NG, SUB, RP, SUB, PAGE))
+    cbd = tl.where(same_page[None, :, None, :, None], c5, tl.zeros_like(c5))
+    cbd = tl.reshape(cbd, (NG, SUB * RP, SUB * PAGE))
+    local = tl.dot(_to_dot_dtype(proj3, CVT), cbd)   # [NG, GP, SUB*PAGE]
+    # Drop the zero rows of padded query heads, add q . mu, log-sum-exp over each page's keys.
+    local = tl.sum(tl.reshape(local, (NG, FOLD, G, SUB * PAGE)), 1)
+    qmu_g = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)                        # [G, BLOCK_P]
+    qmu4 = tl.permute(tl.reshape(qmu_g, (G, NG, SUB)), (1, 0, 2))                  # [NG, G, SUB]
+    logits = tl.reshape(local, (NG, G, SUB, PAGE)) + qmu4[:, :, :, None]
+    m = tl.max(logits, 3)
+    s2 = m + tl.log2(tl.sum(tl.exp2(logits - m[:, :, :, None]), 3))              # [NG, G, SUB]
+    return tl.reshape(tl.permute(s2, (1, 0, 2)), (G, BLOCK_P))
+
+
+@triton.jit
+def _page_lse_fma(proj, qmu, c_rows, G: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr, PAGE: tl.constexpr):
+    """Per-key term on CUDA cores: G * RP * PAGE multiply-adds per page (512 at G=4, r=8, a
+    fortieth of the page's V q work), no block-diagonal operand to build; then the page
+    log-sum-exp in log2 units -> [G, BLOCK_P]."""
+    GP: tl.constexpr = 16
+    FOLD: tl.constexpr = GP // G
+    proj_g = tl.sum(tl.reshape(proj, (FOLD, G, BLOCK_P * RP)), 0)                  # [G, BLOCK_P*RP]
+    qmu_g = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)                         # [G, BLOCK_P]
+    c = tl.reshape(c_rows.to(tl.float32), (1, BLOCK_P, RP, PAGE))
+    local = tl.sum(tl.reshape(proj_g, (G, BLOCK_P, RP, 1)) * c, 2)                 # [G, BLOCK_P, PAGE]
+    logits = local + qmu_g[:, :, None]
+    m = tl.max(logits, 2)
+    return m + tl.log2(tl.sum(tl.exp2(logits - m[:, :, None]), 2))
+
+
+@triton.jit
 def _score_pages_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
@@ -138,17 +184,14 @@ def _score_pages_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr,
     max_pages, n_chunks, chunk_pages, scale_log2,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr, PER_KEY_DOT: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row // HKV
     h = row % HKV
     HALF: tl.constexpr = D // 2
-    GP: tl.constexpr = 16                 # query rows of a dot
-    SUB: tl.constexpr = 16 // RP          # pages per block-diagonal group (K = SUB * RP = 16)
-    NG: tl.constexpr = BLOCK_P // SUB     # groups per block
-    FOLD: tl.constexpr = GP // G          # zero row blocks of the padded queries
+    GP: tl.constexpr = 16                 # query rows of a dot (G padded with zero rows)
     n_sealed = tl.load(seq_lens_ptr + b) // PAGE
     table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
     start = chunk * chunk_pages
@@ -170,7 +213,6 @@ def _score_pages_kernel(
     jp = tl.arange(0, BLOCK_P)
     n = tl.arange(0, BLOCK_P * RP)        # basis column (page j, rank r) = (n // RP, n % RP)
     e = tl.arange(0, RP * PAGE)           # a page's coefficients, r-major
-    same_page = tl.arange(0, SUB)[:, None] == tl.arange(0, SUB)[None, :]
 
     # Page ids of the next block are loaded one iteration ahead: the summary loads that
     # depend on them then wait for one memory round trip, not two.
@@ -206,25 +248,13 @@ def _score_pages_kernel(
         cs = tl.load(coef_scale_ptr + rec_n * R + r_n, mask=live_n, other=0.0)
         proj = proj * (cs * scale_log2)[None, :]   # log2-domain logit units: safe in fp16
 
-        # Per-key term, per group of SUB pages: [NG, GP, SUB*RP] x block-diagonal [NG, SUB*RP, SUB*PAGE].
-        proj3 = tl.permute(tl.reshape(proj, (GP, NG, SUB * RP)), (1, 0, 2))
-        # Each page's coefficients are one contiguous load, spread into the block-diagonal
-        # operand in registers (gathering the operand element-wise costs 2*SUB loads per byte).
+        # Each page's coefficients are one contiguous load.
         c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :],
                          mask=valid[:, None] & (e[None, :] < R * PAGE), other=0)
-        c5 = tl.broadcast_to(tl.reshape(_operand(c_rows, QUANT, CVT), (NG, SUB, RP, 1, PAGE)), (NG, SUB, RP, SUB, PAGE))
-        cbd = tl.where(same_page[None, :, None, :, None], c5, tl.zeros_like(c5))
-        cbd = tl.reshape(cbd, (NG, SUB * RP, SUB * PAGE))
-        local = tl.dot(_to_dot_dtype(proj3, CVT), cbd)   # [NG, GP, SUB*PAGE]
-
-        # Drop the zero rows of padded query heads, add q . mu, log-sum-exp over each page's keys.
-        local = tl.sum(tl.reshape(local, (NG, FOLD, G, SUB * PAGE)), 1)
-        qmu_g = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)                        # [G, BLOCK_P]
-        qmu4 = tl.permute(tl.reshape(qmu_g, (G, NG, SUB)), (1, 0, 2))                  # [NG, G, SUB]
-        logits = tl.reshape(local, (NG, G, SUB, PAGE)) + qmu4[:, :, :, None]
-        m = tl.max(logits, 3)
-        s2 = m + tl.log2(tl.sum(tl.exp2(logits - m[:, :, :, None]), 3))              # [NG, G, SUB]
-        s2 = tl.reshape(tl.permute(s2, (1, 0, 2)), (G, BLOCK_P))
+        if PER_KEY_DOT:
+            s2 = _page_lse_dot(proj, qmu, c_rows, G, BLOCK_P, RP, PAGE, QUANT, CVT)
+        else:
+            s2 = _page_lse_fma(proj, qmu, c_rows, G, BLOCK_P, RP, PAGE)
         s2 = tl.where(valid[None, :], s2, float("-inf"))
         tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :], s2 * LN2, mask=valid[None, :])
 
@@ -261,13 +291,15 @@ def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block
 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None, int_conversion="ptx"):
+                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None, int_conversion="ptx",
+                       per_key="dot"):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
     int32 slot table; req_pool_indices [B]; seq_lens [B] (tokens in the cache,
     the unsealed tail included); max_pages >= max(seq_lens) // 16.
-    Returns scores [B, Hq, max_pages] (natural-log mass, -inf past each
+    per_key: "dot" (tensor cores, block-diagonal coefficients) or "fma" (CUDA cores) for
+    the per-key term. Returns scores [B, Hq, max_pages] (natural-log mass, -inf past each
     request's sealed pages) and per-chunk (max, sum-exp) partials
     [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
@@ -279,6 +311,8 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     rank_p = triton.next_power_of_2(rank)
     if block_pages * rank_p < 16 or block_pages % max(1, 16 // rank_p):
         raise ValueError(f"block_pages={block_pages} too small for rank {rank}")
+    if per_key not in PER_KEY:
+        raise ValueError(f"per_key must be one of {sorted(PER_KEY)}, got {per_key!r}")
     chunk = chunk_pages or chunk_pages_for(bsz * hkv, max_pages, q.device, block_pages)
     n_chunks = max(1, triton.cdiv(max_pages, chunk))
     scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
@@ -295,6 +329,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
+        PER_KEY_DOT=PER_KEY[per_key],
         num_warps=num_warps, num_stages=num_stages,
     )
     return scores, part_max, part_sum

@@ -29,8 +29,11 @@ class LocksDecode:
         head_dim: int,
         max_batch_size: int,
         use_cuda_graph: bool = False,
+        score_options: dict = None,
     ) -> None:
+        """score_options: launch options of score_pages_triton (tile sizes, variants) to override its defaults."""
         self.config = config
+        self.score_options = dict(score_options or {})
         max_indices = max_batch_size * num_kv_heads * (config.token_budget + config.page_size - 1)
         self.sparse = SparseDecodeWrapper(
             workspace, num_qo_heads, num_kv_heads, head_dim, max_batch_size, max_indices, use_cuda_graph
@@ -48,7 +51,8 @@ class LocksDecode:
 
     def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens) -> None:
         cfg = self.config
-        parts = score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages, self.sm_scale)
+        parts = score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages, self.sm_scale,
+                                   **self.score_options)
         _, keys, hist = aggregate_scores_triton(*parts, seq_lens, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
                                                 cfg.gqa_aggregation, keys=True)
         selected_indices_triton(keys, hist, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr,
