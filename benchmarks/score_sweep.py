@@ -13,6 +13,8 @@ measured in the same run.
 import argparse
 import itertools
 import json
+import os
+import sys
 
 import torch
 
@@ -41,6 +43,11 @@ def main():
     copy_gbs = copy_bandwidth_gbs()
     rows = []
 
+    def save():  # after every row: a run cut short keeps what it measured
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "git": os.environ.get("GIT_REV", ""),
+                       "command": " ".join(["python"] + sys.argv), "copy_gbs": copy_gbs, "rows": rows}, f, indent=1)
+
     def kernel_us(fn):
         def many():
             for _ in range(args.inner):
@@ -67,10 +74,12 @@ def main():
             except Exception as e:  # out of resources for this tile
                 rows.append({**row, "error": str(e)[:300]})
                 print(rows[-1], flush=True)
+                save()
                 continue
             row["chunk_pages"] = cp or chunk_pages_for(hkv, max_pages, q.device, bp)
             rows.append({**row, "us": us, "gbs": moved / us / 1e3, "copy_fraction": moved / us / 1e3 / copy_gbs})
             print(rows[-1], flush=True)
+            save()
         scores, pm, ps = score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088)
         indptr = torch.arange(hkv + 1, dtype=torch.int32, device="cuda") * cfg.token_budget
         indices = torch.empty(hkv * cfg.token_budget, dtype=torch.int32, device="cuda")
@@ -89,7 +98,7 @@ def main():
         ):
             rows.append({"shape": shape, "kernel": name, "us": kernel_us(fn)})
             print(rows[-1], flush=True)
-    json.dump({"gpu": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "rows": rows}, open(args.out, "w"), indent=1)
+            save()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ normalise per head without another pass over all scores.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -273,8 +275,20 @@ def _score_pages_kernel(
     tl.store(part_sum_ptr + part, run_s)
 
 
+# Launch options per query heads per KV head (G), the fastest of the H200 sweep
+# (benchmarks/score_sweep.py -> benchmarks/results/score_sweep.json); other G take the nearest.
+LAUNCH_DEFAULTS = {
+    4: dict(block_pages=16, num_warps=2, num_stages=3, int_conversion="ptx", per_key="dot"),
+    16: dict(block_pages=16, num_warps=2, num_stages=3, int_conversion="ptx", per_key="dot"),
+}
 BLOCK_PAGES = 16
 _PROGRAMS_PER_SM = 8
+
+
+def launch_options(group: int, **overrides) -> dict:
+    """LAUNCH_DEFAULTS of the nearest measured group size (log scale), with the given non-None overrides."""
+    nearest = min(LAUNCH_DEFAULTS, key=lambda g: (abs(math.log2(g) - math.log2(group)), g))
+    return {**LAUNCH_DEFAULTS[nearest], **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def _num_sms(device: torch.device) -> int:
@@ -291,16 +305,17 @@ def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block
 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None, int_conversion="ptx",
-                       per_key="dot"):
+                       block_pages=None, num_warps=None, num_stages=None, chunk_pages=None, int_conversion=None,
+                       per_key=None):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
     int32 slot table; req_pool_indices [B]; seq_lens [B] (tokens in the cache,
     the unsealed tail included); max_pages >= max(seq_lens) // 16.
-    per_key: "dot" (tensor cores, block-diagonal coefficients) or "fma" (CUDA cores) for
-    the per-key term. Returns scores [B, Hq, max_pages] (natural-log mass, -inf past each
-    request's sealed pages) and per-chunk (max, sum-exp) partials
+    Launch options left None come from launch_options(G); per_key: "dot" (tensor
+    cores, block-diagonal coefficients) or "fma" (CUDA cores) for the per-key term;
+    int_conversion: "ptx" or "cast". Returns scores [B, Hq, max_pages]
+    (natural-log mass, -inf past each request's sealed pages) and per-chunk (max, sum-exp) partials
     [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
     bsz, hq, d = q.shape
@@ -308,11 +323,15 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     group = hq // hkv
     if group > 16 or group & (group - 1):
         raise ValueError(f"query heads per KV head must be a power of two <= 16, got {group}")
+    opts = launch_options(group, block_pages=block_pages, num_warps=num_warps, num_stages=num_stages,
+                          int_conversion=int_conversion, per_key=per_key)
+    block_pages, per_key = opts["block_pages"], opts["per_key"]
     rank_p = triton.next_power_of_2(rank)
     if block_pages * rank_p < 16 or block_pages % max(1, 16 // rank_p):
         raise ValueError(f"block_pages={block_pages} too small for rank {rank}")
-    if per_key not in PER_KEY:
-        raise ValueError(f"per_key must be one of {sorted(PER_KEY)}, got {per_key!r}")
+    if per_key not in PER_KEY or opts["int_conversion"] not in CONVERSIONS:
+        raise ValueError(f"per_key must be one of {sorted(PER_KEY)} and int_conversion one of {sorted(CONVERSIONS)}, "
+                         f"got {per_key!r}, {opts['int_conversion']!r}")
     chunk = chunk_pages or chunk_pages_for(bsz * hkv, max_pages, q.device, block_pages)
     n_chunks = max(1, triton.cdiv(max_pages, chunk))
     scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
@@ -327,10 +346,10 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         scores, part_max, part_sum,
         max_pages, n_chunks, chunk, sm_scale * LOG2E,
         HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
-        QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
+        QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[opts["int_conversion"]],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
         PER_KEY_DOT=PER_KEY[per_key],
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=opts["num_warps"], num_stages=opts["num_stages"],
     )
     return scores, part_max, part_sum
 
