@@ -88,7 +88,7 @@ def fastest_score_options(sweep_json: str) -> dict:
     for r in json.load(open(sweep_json))["rows"]:
         if r["kernel"] == "score" and "us" in r and r["us"] < best.get(r["shape"], {}).get("us", float("inf")):
             best[r["shape"]] = r
-    keys = ("block_pages", "num_warps", "num_stages", "int_conversion", "per_key")
+    keys = ("block_pages", "num_warps", "num_stages", "int_conversion")
     return {shape: {k: r[k] for k in keys if k in r} for shape, r in best.items()}
 
 
@@ -174,6 +174,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
     index_bytes = layers * selected_tokens * 4 * 2
     bytes_dense = layers * bsz * context * hkv * d * 2 * 2
     bytes_locks = summary_bytes + page_id_bytes + selected_kv_bytes + index_bytes
+    score_options = dec.score_options
     del ks, vs, sums, dec
     torch.cuda.empty_cache()
     return {
@@ -184,7 +185,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
         "bytes_dense": bytes_dense, "bytes_locks": bytes_locks,
         "bytes_locks_parts": {"summaries": summary_bytes, "page_ids": page_id_bytes, "selected_kv": selected_kv_bytes,
                               "indices": index_bytes, "score_intermediates": score_io_bytes},
-        "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum, "score_options": dec.score_options,
+        "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum, "score_options": score_options,
     }
 
 

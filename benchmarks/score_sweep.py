@@ -37,7 +37,6 @@ def main():
     ap.add_argument("--num-stages", default="3")
     ap.add_argument("--chunk-pages", default="0", help="0: the wrapper's default; else pages per program")
     ap.add_argument("--int-conversion", default="ptx,cast")
-    ap.add_argument("--per-key", default="dot,fma")
     args = ap.parse_args()
     cfg = LocksConfig()
     copy_gbs = copy_bandwidth_gbs()
@@ -65,9 +64,9 @@ def main():
         max_pages = context // 16
         moved = hkv * max_pages * summ.bytes_per_page_per_head() + max_pages * 4 * (1 + hq)
         grid = itertools.product(*(map(int, a.split(",")) for a in (args.block_pages, args.num_warps, args.num_stages, args.chunk_pages)),
-                                 args.int_conversion.split(","), args.per_key.split(","))
-        for bp, nw, ns, cp, cvt, pk in grid:
-            opts = dict(block_pages=bp, num_warps=nw, num_stages=ns, chunk_pages=cp or None, int_conversion=cvt, per_key=pk)
+                                 args.int_conversion.split(","))
+        for bp, nw, ns, cp, cvt in grid:
+            opts = dict(block_pages=bp, num_warps=nw, num_stages=ns, chunk_pages=cp or None, int_conversion=cvt)
             row = {"shape": shape, "kernel": "score", **opts}
             try:
                 us = kernel_us(lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, **opts))

@@ -10,16 +10,17 @@ Work per (page, KV head) on tensor cores, G query heads padded to 16 rows:
      BLOCK_P pages side by side (N = BLOCK_P * r): the dominant FLOPs.
   2. the per-key term sum_r (V q)_r c_ir as a batched dot over groups of
      16 // r pages, whose coefficients form a block-diagonal [16, 16*pages]
-     operand (K = 16 satisfies tl.dot without padding r); or (per_key="fma")
-     as G*r*16 CUDA-core multiply-adds per page, a fortieth of step 1's work,
-     which spares building that operand in shared memory.
+     operand (K = 16 satisfies tl.dot without padding r). Measured on the H200
+     (benchmarks/results/score_sweep.json): doing this term on CUDA cores
+     instead (G*r*16 multiply-adds per page) was 1.4x slower at G=4 and 4-70x
+     at G=16 (Triton's layout conversions for the 4-D broadcast).
 
 int4 and int8 operands become exact fp16 integers with two or three integer
 instructions per four values (magic-number conversion: 0x64 in a half's high
 byte makes it 1024 + the low byte), instead of quarter-rate int-to-float
 conversions, which would cost more than reading the bytes (int_conversion="cast"
-keeps plain casts, to measure the difference: which of the two lets Triton
-keep the narrow bytes in shared memory for the dots is an open question). The padded query
+keeps plain casts: 1.2-1.5x slower on the H200, so Triton does not keep the
+narrow bytes in shared memory for the dots either way). The padded query
 rows are zero, so summing the [16 // G, G] row blocks drops them before the
 exponentials. One program scores a chunk of pages of one (request, KV head)
 in a loop (loads of the next block overlap the current one's math) and writes
@@ -28,8 +29,6 @@ normalise per head without another pass over all scores.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -45,8 +44,6 @@ LN2 = tl.constexpr(0.6931471805599453)
 # interpreter, whose fp16/bf16 dots are unreliable), 1 fp16 casts, 2 fp16 by the PTX magic-number
 # trick (the default on GPUs).
 CONVERSIONS = {"cast": 1, "ptx": 2}
-# The per-key term sum_r (V q)_r c_ir: on tensor cores (True) or CUDA cores (False).
-PER_KEY = {"dot": True, "fma": False}
 
 
 @triton.jit
@@ -137,7 +134,7 @@ def _operand(x, QUANT: tl.constexpr, CVT: tl.constexpr):
 
 
 @triton.jit
-def _page_lse_dot(proj, qmu, c_rows, G: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr,
+def _page_lse(proj, qmu, c_rows, G: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr,
                   PAGE: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr):
     """Per-key term on tensor cores, per group of SUB pages: [NG, GP, SUB*RP] x block-diagonal
     [NG, SUB*RP, SUB*PAGE] (the coefficient rows spread into the operand in registers), then
@@ -163,22 +160,6 @@ def _page_lse_dot(proj, qmu, c_rows, G: tl.constexpr, BLOCK_P: tl.constexpr, RP:
 
 
 @triton.jit
-def _page_lse_fma(proj, qmu, c_rows, G: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr, PAGE: tl.constexpr):
-    """Per-key term on CUDA cores: G * RP * PAGE multiply-adds per page (512 at G=4, r=8, a
-    fortieth of the page's V q work), no block-diagonal operand to build; then the page
-    log-sum-exp in log2 units -> [G, BLOCK_P]."""
-    GP: tl.constexpr = 16
-    FOLD: tl.constexpr = GP // G
-    proj_g = tl.sum(tl.reshape(proj, (FOLD, G, BLOCK_P * RP)), 0)                  # [G, BLOCK_P*RP]
-    qmu_g = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)                         # [G, BLOCK_P]
-    c = tl.reshape(c_rows.to(tl.float32), (1, BLOCK_P, RP, PAGE))
-    local = tl.sum(tl.reshape(proj_g, (G, BLOCK_P, RP, 1)) * c, 2)                 # [G, BLOCK_P, PAGE]
-    logits = local + qmu_g[:, :, None]
-    m = tl.max(logits, 2)
-    return m + tl.log2(tl.sum(tl.exp2(logits - m[:, :, None]), 2))
-
-
-@triton.jit
 def _score_pages_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
@@ -186,7 +167,7 @@ def _score_pages_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr,
     max_pages, n_chunks, chunk_pages, scale_log2,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr, PER_KEY_DOT: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -253,10 +234,7 @@ def _score_pages_kernel(
         # Each page's coefficients are one contiguous load.
         c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :],
                          mask=valid[:, None] & (e[None, :] < R * PAGE), other=0)
-        if PER_KEY_DOT:
-            s2 = _page_lse_dot(proj, qmu, c_rows, G, BLOCK_P, RP, PAGE, QUANT, CVT)
-        else:
-            s2 = _page_lse_fma(proj, qmu, c_rows, G, BLOCK_P, RP, PAGE)
+        s2 = _page_lse(proj, qmu, c_rows, G, BLOCK_P, RP, PAGE, QUANT, CVT)
         s2 = tl.where(valid[None, :], s2, float("-inf"))
         tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :], s2 * LN2, mask=valid[None, :])
 
@@ -275,20 +253,10 @@ def _score_pages_kernel(
     tl.store(part_sum_ptr + part, run_s)
 
 
-# Launch options per query heads per KV head (G), the fastest of the H200 sweep
-# (benchmarks/score_sweep.py -> benchmarks/results/score_sweep.json); other G take the nearest.
-LAUNCH_DEFAULTS = {
-    4: dict(block_pages=16, num_warps=2, num_stages=3, int_conversion="ptx", per_key="dot"),
-    16: dict(block_pages=16, num_warps=2, num_stages=3, int_conversion="ptx", per_key="dot"),
-}
+# Defaults: the fastest launch of the H200 sweep for both G=4 (Llama 128K) and G=16 (GLM 1M),
+# benchmarks/score_sweep.py -> benchmarks/results/score_sweep.json.
 BLOCK_PAGES = 16
 _PROGRAMS_PER_SM = 8
-
-
-def launch_options(group: int, **overrides) -> dict:
-    """LAUNCH_DEFAULTS of the nearest measured group size (log scale), with the given non-None overrides."""
-    nearest = min(LAUNCH_DEFAULTS, key=lambda g: (abs(math.log2(g) - math.log2(group)), g))
-    return {**LAUNCH_DEFAULTS[nearest], **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def _num_sms(device: torch.device) -> int:
@@ -305,16 +273,14 @@ def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block
 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       block_pages=None, num_warps=None, num_stages=None, chunk_pages=None, int_conversion=None,
-                       per_key=None):
+                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None, int_conversion="ptx"):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
     int32 slot table; req_pool_indices [B]; seq_lens [B] (tokens in the cache,
     the unsealed tail included); max_pages >= max(seq_lens) // 16.
-    Launch options left None come from launch_options(G); per_key: "dot" (tensor
-    cores, block-diagonal coefficients) or "fma" (CUDA cores) for the per-key term;
-    int_conversion: "ptx" or "cast". Returns scores [B, Hq, max_pages]
+    int_conversion: "ptx" (default) or "cast" (plain fp16 casts: 1.3-1.5x slower
+    on the H200). Returns scores [B, Hq, max_pages]
     (natural-log mass, -inf past each request's sealed pages) and per-chunk (max, sum-exp) partials
     [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
@@ -323,15 +289,11 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     group = hq // hkv
     if group > 16 or group & (group - 1):
         raise ValueError(f"query heads per KV head must be a power of two <= 16, got {group}")
-    opts = launch_options(group, block_pages=block_pages, num_warps=num_warps, num_stages=num_stages,
-                          int_conversion=int_conversion, per_key=per_key)
-    block_pages, per_key = opts["block_pages"], opts["per_key"]
     rank_p = triton.next_power_of_2(rank)
     if block_pages * rank_p < 16 or block_pages % max(1, 16 // rank_p):
         raise ValueError(f"block_pages={block_pages} too small for rank {rank}")
-    if per_key not in PER_KEY or opts["int_conversion"] not in CONVERSIONS:
-        raise ValueError(f"per_key must be one of {sorted(PER_KEY)} and int_conversion one of {sorted(CONVERSIONS)}, "
-                         f"got {per_key!r}, {opts['int_conversion']!r}")
+    if int_conversion not in CONVERSIONS:
+        raise ValueError(f"int_conversion must be one of {sorted(CONVERSIONS)}, got {int_conversion!r}")
     chunk = chunk_pages or chunk_pages_for(bsz * hkv, max_pages, q.device, block_pages)
     n_chunks = max(1, triton.cdiv(max_pages, chunk))
     scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
@@ -346,10 +308,9 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         scores, part_max, part_sum,
         max_pages, n_chunks, chunk, sm_scale * LOG2E,
         HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
-        QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[opts["int_conversion"]],
+        QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
-        PER_KEY_DOT=PER_KEY[per_key],
-        num_warps=opts["num_warps"], num_stages=opts["num_stages"],
+        num_warps=num_warps, num_stages=num_stages,
     )
     return scores, part_max, part_sum
 

@@ -28,15 +28,13 @@ CASES = [
 @pytest.mark.parametrize("precision", ["int8-int4-int8", "bf16", "fp32"])
 # The interpreter always converts with float32 casts; the GPU also runs the fp16-cast variant.
 @pytest.mark.parametrize("conversion", ["ptx", pytest.param("cast", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("per_key", ["dot", "fma"])
-def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision, conversion, per_key, device):
+def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision, conversion, device):
     c = random_cache(seq_lens, hkv, 128, precision, device=device, seed=len(seq_lens) * 7 + group)
     q = torch.randn(len(seq_lens), hkv * group, 128, device=device).bfloat16()
     max_pages = max(seq_lens) // 16 + 3  # wider than needed, like a static graph buffer
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
     chunk = 32  # pages per program: several chunks per row, the last one partly past max_pages
-    scores, part_max, part_sum = score_pages_triton(q, *args, chunk_pages=chunk, int_conversion=conversion,
-                                                     per_key=per_key)
+    scores, part_max, part_sum = score_pages_triton(q, *args, chunk_pages=chunk, int_conversion=conversion)
     ref = score_pages_torch(q.double(), *args)
     finite = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(scores), finite)
