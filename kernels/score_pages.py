@@ -165,7 +165,7 @@ def _score_pages_kernel(
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
     scores_ptr, part_max_ptr, part_sum_ptr,
-    max_pages, n_chunks, chunk_pages, scale_log2,
+    max_pages, n_chunks, scale_log2,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
 ):
@@ -175,11 +175,13 @@ def _score_pages_kernel(
     h = row % HKV
     HALF: tl.constexpr = D // 2
     GP: tl.constexpr = 16                 # query rows of a dot (G padded with zero rows)
-    n_sealed = tl.load(seq_lens_ptr + b) // PAGE
+    n_sealed = tl.minimum(tl.load(seq_lens_ptr + b) // PAGE, max_pages)
     table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
-    start = chunk * chunk_pages
-    end = tl.minimum(start + chunk_pages, max_pages)
-    end_sealed = tl.minimum(end, n_sealed)
+    # The grid is sized for max_pages (static under CUDA graphs, e.g. the server's context
+    # length); this row's sealed pages are split over all of its chunks, in whole blocks.
+    row_chunk = tl.cdiv(tl.cdiv(n_sealed, n_chunks), BLOCK_P) * BLOCK_P
+    start = chunk * row_chunk
+    end_sealed = tl.minimum(start + row_chunk, n_sealed)
 
     g = tl.arange(0, GP)
     k = tl.arange(0, HALF)
@@ -242,12 +244,6 @@ def _score_pages_kernel(
         run_s = run_s * tl.exp2(run_m - bm) + tl.sum(tl.exp2(s2 - bm[:, None]), 1)
         run_m = bm
 
-    # Pages past the sealed ones: -inf, so the buffer is a plain ranking input.
-    for p0 in range(tl.maximum(start, n_sealed), end, BLOCK_P):
-        p = p0 + jp
-        tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :],
-                 tl.full((G, BLOCK_P), float("-inf"), tl.float32), mask=(p < end)[None, :])
-
     part = out_rows * n_chunks + chunk
     tl.store(part_max_ptr + part, run_m * LN2)
     tl.store(part_sum_ptr + part, run_s)
@@ -265,6 +261,11 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def row_chunks(n_sealed: int, n_chunks: int, block_pages: int = BLOCK_PAGES) -> int:
+    """Pages per chunk of a row with n_sealed sealed pages (the kernel's split, for references)."""
+    return triton.cdiv(triton.cdiv(n_sealed, n_chunks), block_pages) * block_pages
+
+
 def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block_pages: int = BLOCK_PAGES) -> int:
     """Pages per program: enough programs to fill the GPU, few enough to amortise q and the loop."""
     blocks = triton.cdiv(max(max_pages, 1), block_pages)
@@ -278,11 +279,13 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
     int32 slot table; req_pool_indices [B]; seq_lens [B] (tokens in the cache,
-    the unsealed tail included); max_pages >= max(seq_lens) // 16.
+    the unsealed tail included); max_pages >= max(seq_lens) // 16 sizes the
+    buffers and the grid (n_chunks = max_pages / chunk_pages programs per row);
+    each row's sealed pages are spread over all of its n_chunks (row_chunks).
     int_conversion: "ptx" (default) or "cast" (plain fp16 casts: 1.3-1.5x slower
-    on the H200). Returns scores [B, Hq, max_pages]
-    (natural-log mass, -inf past each request's sealed pages) and per-chunk (max, sum-exp) partials
-    [B, Hq, n_chunks] (empty chunks: -inf, 0).
+    on the H200). Returns scores [B, Hq, max_pages] (natural-log mass; entries
+    past a request's sealed pages are not written, aggregate_scores masks them)
+    and per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
@@ -306,7 +309,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum,
-        max_pages, n_chunks, chunk, sm_scale * LOG2E,
+        max_pages, n_chunks, sm_scale * LOG2E,
         HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow

@@ -11,7 +11,7 @@ from sglang_locks.kernels.aggregate_scores import (
     key_offset_torch,
     page_key_torch,
 )
-from sglang_locks.kernels.score_pages import score_pages_torch, score_pages_triton
+from sglang_locks.kernels.score_pages import row_chunks, score_pages_torch, score_pages_triton
 from sglang_locks.scoring import score_pages
 from sglang_locks.summaries import PageSummaries
 
@@ -36,15 +36,21 @@ def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision,
     chunk = 32  # pages per program: several chunks per row, the last one partly past max_pages
     scores, part_max, part_sum = score_pages_triton(q, *args, chunk_pages=chunk, int_conversion=conversion)
     ref = score_pages_torch(q.double(), *args)
-    finite = torch.isfinite(ref)
-    assert torch.equal(torch.isfinite(scores), finite)
+    finite = torch.isfinite(ref)  # the sealed pages; the kernel leaves the rest unwritten
+    assert torch.isfinite(scores[finite]).all()
     # bf16 summaries meet a bf16 tensor-core dot on the GPU; int8/int4 operands are exact there.
     tol = 2e-2 if precision != "int8-int4-int8" else 1e-3
     assert torch.allclose(scores[finite].double(), ref[finite], atol=tol, rtol=tol)
-    # Chunk partials: max and sum of exp of each chunk's scores.
-    blocks = torch.nn.functional.pad(ref, (0, part_max.shape[-1] * chunk - max_pages), value=float("-inf"))
-    blocks = blocks.view(*ref.shape[:2], -1, chunk)
-    lse_ref = torch.logsumexp(blocks, -1)
+    # Chunk partials: max and sum of exp of each chunk's scores; a row's sealed pages are spread
+    # over all n_chunks of its programs.
+    n_chunks = part_max.shape[-1]
+    assert n_chunks == -(-max_pages // chunk)
+    lse_ref = torch.full(part_max.shape, float("-inf"), dtype=torch.float64)
+    for b, n in enumerate(c["seq_lens"].tolist()):  # the batch order of the cache
+        width = row_chunks(n // 16, n_chunks)
+        for j in range(n_chunks):
+            lse_ref[b, :, j] = torch.logsumexp(ref[b, :, j * width : (j + 1) * width].cpu(), -1)
+    lse_ref = lse_ref.to(device)
     lse = part_max.double() + part_sum.double().log()
     fin = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), fin)
@@ -60,7 +66,8 @@ def test_aggregate_kernel_matches_reference(mode, seq_lens, hkv, group, device):
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
     scores, part_max, part_sum = score_pages_triton(q, *args, chunk_pages=48)
     got, keys, hist = aggregate_scores_triton(scores, part_max, part_sum, c["seq_lens"], hkv, 2, 1, mode, keys=True)
-    ref = aggregate_scores_torch(scores.double(), c["seq_lens"], hkv, 2, 1, mode)
+    past_sealed = torch.arange(max_pages, device=device) >= (c["seq_lens"].long() // 16)[:, None, None]
+    ref = aggregate_scores_torch(scores.double().masked_fill(past_sealed, float("-inf")), c["seq_lens"], hkv, 2, 1, mode)
     assert torch.equal(got == float("inf"), ref == float("inf"))
     assert torch.equal(got == float("-inf"), ref == float("-inf"))
     fin = torch.isfinite(ref)
