@@ -9,9 +9,11 @@
 #   server   the SGLang server test: greedy equality, long contexts,    -> server_gpu.log, server logs
 #            shared-prefix reuse (~3.5 min)
 #   build    summary-build benchmark                                    -> summary_build.json
+#   e2e      SGLang decode, FullKV vs --enable-locks (args go to         -> e2e_decode.json, e2e_logs/
+#            e2e_decode.py, e.g. --case synthetic:llama8b:1; the whole plan needs ~20 min: split it)
 # GIT_REV is recorded in the JSON headers (the device copy's git metadata can lag the tree).
 set -o pipefail
-phase=${1:?usage: h200_run.sh tests|kernels|server|build [args...]}
+phase=${1:?usage: h200_run.sh tests|kernels|server|build|e2e [args...]}
 shift
 source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -31,6 +33,8 @@ server)
     OUT="$OUT/server" python3 -m pytest -q -rs tests/test_server_gpu.py 2>&1 | tee "$OUT/server_gpu.log" ;;
 build)
     python3 benchmarks/summary_build.py --out "$OUT/summary_build.json" 2>&1 | tee "$OUT/summary_build.log" ;;
+e2e)
+    python3 benchmarks/e2e_decode.py --out "$OUT/e2e_decode.json" --log-dir "$OUT/e2e_logs" "$@" 2>&1 | tee "$OUT/e2e_decode.log" ;;
 *)
     echo "unknown phase $phase" >&2; exit 2 ;;
 esac
