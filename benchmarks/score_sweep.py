@@ -36,7 +36,7 @@ def main():
     ap.add_argument("--num-warps", default="2,4")
     ap.add_argument("--num-stages", default="3")
     ap.add_argument("--chunk-pages", default="0", help="0: the wrapper's default; else pages per program")
-    ap.add_argument("--int-conversion", default="ptx,cast")
+    ap.add_argument("--int-conversion", default="ptx,int8")
     args = ap.parse_args()
     cfg = LocksConfig()
     copy_gbs = copy_bandwidth_gbs()

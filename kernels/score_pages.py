@@ -43,7 +43,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 # Integer-to-float conversion of the summaries (constexpr CVT): 0 float32 casts (Triton's
 # interpreter, whose fp16/bf16 dots are unreliable), 1 fp16 casts, 2 fp16 by the PTX magic-number
 # trick (the default on GPUs).
-CONVERSIONS = {"cast": 1, "ptx": 2}
+CONVERSIONS = {"cast": 1, "ptx": 2, "int8": 2}
 
 
 @triton.jit
@@ -134,12 +134,37 @@ def _operand(x, QUANT: tl.constexpr, CVT: tl.constexpr):
 
 
 @triton.jit
-def _page_lse(proj, qmu, c_rows, G: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr,
-                  PAGE: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr):
+def _int8_query_planes(q_base, stride_qh, G: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, scale_log2):
+    """Query heads as two int8 planes for integer tensor-core dots: rows [0, G) hold
+    q1 = round(q / s), rows [G, 2G) q2 = round((q / s - q1) * 254) (s = max|q| / 127 per
+    head), the rest zeros; q = s (q1 + q2 / 254) to 2^-16 of max|q|, finer than fp16.
+    Returns (low half, high half) [GP, HALF] int8 and the row weights [GP] (scale_log2 folded in)."""
+    g = tl.arange(0, GP)
+    plane = g // G
+    k = tl.arange(0, HALF)
+    ptr = q_base + (g % G)[:, None] * stride_qh + k[None, :]
+    lo = tl.load(ptr, mask=(plane < 2)[:, None], other=0.0).to(tl.float32)
+    hi = tl.load(ptr + HALF, mask=(plane < 2)[:, None], other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(lo), 1), tl.max(tl.abs(hi), 1))
+    s = tl.where(amax > 0, amax / 127.0, 1.0)
+    lo = lo / s[:, None]
+    hi = hi / s[:, None]
+    lo1 = tl.floor(lo + 0.5)
+    hi1 = tl.floor(hi + 0.5)
+    first = (plane == 0)[:, None]
+    q8_lo = tl.where(first, lo1, tl.floor((lo - lo1) * 254.0 + 0.5)).to(tl.int8)
+    q8_hi = tl.where(first, hi1, tl.floor((hi - hi1) * 254.0 + 0.5)).to(tl.int8)
+    weight = tl.where(plane == 0, s, tl.where(plane == 1, s / 254.0, 0.0)) * scale_log2
+    return q8_lo, q8_hi, weight
+
+
+@triton.jit
+def _page_lse(proj, qmu, c_rows, G: tl.constexpr, GP: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr,
+              PAGE: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr):
     """Per-key term on tensor cores, per group of SUB pages: [NG, GP, SUB*RP] x block-diagonal
     [NG, SUB*RP, SUB*PAGE] (the coefficient rows spread into the operand in registers), then
-    the page log-sum-exp in log2 units -> [G, BLOCK_P]."""
-    GP: tl.constexpr = 16
+    the page log-sum-exp in log2 units -> [G, BLOCK_P]. proj [GP, BLOCK_P*RP] and qmu
+    [GP, BLOCK_P] hold GP // G row blocks that add up (zero padding, or int8 query planes)."""
     SUB: tl.constexpr = 16 // RP
     NG: tl.constexpr = BLOCK_P // SUB
     FOLD: tl.constexpr = GP // G
@@ -149,7 +174,7 @@ def _page_lse(proj, qmu, c_rows, G: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.
     cbd = tl.where(same_page[None, :, None, :, None], c5, tl.zeros_like(c5))
     cbd = tl.reshape(cbd, (NG, SUB * RP, SUB * PAGE))
     local = tl.dot(_to_dot_dtype(proj3, CVT), cbd)   # [NG, GP, SUB*PAGE]
-    # Drop the zero rows of padded query heads, add q . mu, log-sum-exp over each page's keys.
+    # Add up the row blocks, add q . mu, log-sum-exp over each page's keys.
     local = tl.sum(tl.reshape(local, (NG, FOLD, G, SUB * PAGE)), 1)
     qmu_g = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)                        # [G, BLOCK_P]
     qmu4 = tl.permute(tl.reshape(qmu_g, (G, NG, SUB)), (1, 0, 2))                  # [NG, G, SUB]
@@ -168,13 +193,14 @@ def _score_pages_kernel(
     max_pages, n_chunks, scale_log2,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
+    IDOT: tl.constexpr, GP: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row // HKV
     h = row % HKV
     HALF: tl.constexpr = D // 2
-    GP: tl.constexpr = 16                 # query rows of a dot (G padded with zero rows)
+    # GP: query rows of a dot: G padded with zero rows to 16, or (IDOT) two int8 planes of G rows.
     n_sealed = tl.minimum(tl.load(seq_lens_ptr + b) // PAGE, max_pages)
     table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
     # The grid is sized for max_pages (static under CUDA graphs, e.g. the server's context
@@ -185,11 +211,13 @@ def _score_pages_kernel(
 
     g = tl.arange(0, GP)
     k = tl.arange(0, HALF)
-    q_base = q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + k[None, :]
-    q_lo = tl.load(q_base, mask=(g < G)[:, None], other=0.0)
-    q_hi = tl.load(q_base + HALF, mask=(g < G)[:, None], other=0.0)
-    q_lo = _to_dot_dtype(q_lo, CVT)
-    q_hi = _to_dot_dtype(q_hi, CVT)
+    if IDOT:
+        q_lo, q_hi, q_weight = _int8_query_planes(q_ptr + b * stride_qb + h * G * stride_qh, stride_qh, G, GP, HALF,
+                                                  scale_log2)
+    else:
+        q_base = q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + k[None, :]
+        q_lo = _to_dot_dtype(tl.load(q_base, mask=(g < G)[:, None], other=0.0), CVT)
+        q_hi = _to_dot_dtype(tl.load(q_base + HALF, mask=(g < G)[:, None], other=0.0), CVT)
 
     gg = tl.arange(0, G)
     out_rows = (b * HKV * G + h * G + gg).to(tl.int64)
@@ -213,30 +241,45 @@ def _score_pages_kernel(
 
         # q . mu: [GP, BLOCK_P]
         mu_base = mu_ptr + rec[None, :] * D + k[:, None]
-        mu_lo = _operand(tl.load(mu_base, mask=valid[None, :], other=0), QUANT, CVT)
-        mu_hi = _operand(tl.load(mu_base + HALF, mask=valid[None, :], other=0), QUANT, CVT)
-        qmu = tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)
-        qmu = qmu * (tl.load(mu_scale_ptr + rec, mask=valid, other=0.0) * scale_log2)[None, :]
+        mu_scale = tl.load(mu_scale_ptr + rec, mask=valid, other=0.0)
+        if IDOT:
+            mu_lo = tl.load(mu_base, mask=valid[None, :], other=0)
+            mu_hi = tl.load(mu_base + HALF, mask=valid[None, :], other=0)
+            qmu = tl.dot(q_lo, mu_lo, out_dtype=tl.int32) + tl.dot(q_hi, mu_hi, out_dtype=tl.int32)
+            qmu = qmu.to(tl.float32) * q_weight[:, None] * mu_scale[None, :]
+        else:
+            mu_lo = _operand(tl.load(mu_base, mask=valid[None, :], other=0), QUANT, CVT)
+            mu_hi = _operand(tl.load(mu_base + HALF, mask=valid[None, :], other=0), QUANT, CVT)
+            qmu = (tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)) * (mu_scale * scale_log2)[None, :]
 
         # V q for the r basis rows of every page: [GP, BLOCK_P * RP]
         rec_n = tl.reshape(tl.broadcast_to(rec[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,))
         r_n = n % RP
         live_n = tl.reshape(tl.broadcast_to(valid[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,)) & (r_n < R)
-        if QUANT:
-            vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_n[None, :], other=0)
-            v_lo, v_hi = _int4_to_f16(vb, CVT)
-        else:
-            v_base = basis_ptr + (rec_n * R + r_n)[None, :] * D + k[:, None]
-            v_lo = _operand(tl.load(v_base, mask=live_n[None, :], other=0.0), False, CVT)
-            v_hi = _operand(tl.load(v_base + HALF, mask=live_n[None, :], other=0.0), False, CVT)
-        proj = tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)
         cs = tl.load(coef_scale_ptr + rec_n * R + r_n, mask=live_n, other=0.0)
-        proj = proj * (cs * scale_log2)[None, :]   # log2-domain logit units: safe in fp16
+        if IDOT:
+            # Nibbles moved to the top of a byte are int8 values of 16 x the int4 element: one
+            # shift or mask per byte, no conversion, and half the operand bytes of fp16.
+            vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_n[None, :], other=0)
+            v_lo = (vb << 4).to(tl.int8, bitcast=True)
+            v_hi = (vb & 0xF0).to(tl.int8, bitcast=True)
+            proj = tl.dot(q_lo, v_lo, out_dtype=tl.int32) + tl.dot(q_hi, v_hi, out_dtype=tl.int32)
+            proj = proj.to(tl.float32) * q_weight[:, None] * (cs * 0.0625)[None, :]
+        else:
+            if QUANT:
+                vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_n[None, :], other=0)
+                v_lo, v_hi = _int4_to_f16(vb, CVT)
+            else:
+                v_base = basis_ptr + (rec_n * R + r_n)[None, :] * D + k[:, None]
+                v_lo = _operand(tl.load(v_base, mask=live_n[None, :], other=0.0), False, CVT)
+                v_hi = _operand(tl.load(v_base + HALF, mask=live_n[None, :], other=0.0), False, CVT)
+            proj = (tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)) * (cs * scale_log2)[None, :]
+        # proj is in log2-domain logit units: safe in fp16 for the per-key dot
 
         # Each page's coefficients are one contiguous load.
         c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :],
                          mask=valid[:, None] & (e[None, :] < R * PAGE), other=0)
-        s2 = _page_lse(proj, qmu, c_rows, G, BLOCK_P, RP, PAGE, QUANT, CVT)
+        s2 = _page_lse(proj, qmu, c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT, CVT)
         s2 = tl.where(valid[None, :], s2, float("-inf"))
         tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :], s2 * LN2, mask=valid[None, :])
 
@@ -282,8 +325,9 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     the unsealed tail included); max_pages >= max(seq_lens) // 16 sizes the
     buffers and the grid (n_chunks = max_pages / chunk_pages programs per row);
     each row's sealed pages are spread over all of its n_chunks (row_chunks).
-    int_conversion: "ptx" (default) or "cast" (plain fp16 casts: 1.3-1.5x slower
-    on the H200). Returns scores [B, Hq, max_pages] (natural-log mass; entries
+    int_conversion: "ptx" (default), "cast" (plain fp16 casts: 1.3-1.5x slower
+    on the H200) or "int8" (integer dots against int8 planes of q, see
+    _int8_query_planes). Returns scores [B, Hq, max_pages] (natural-log mass; entries
     past a request's sealed pages are not written, aggregate_scores masks them)
     and per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
@@ -297,6 +341,8 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         raise ValueError(f"block_pages={block_pages} too small for rank {rank}")
     if int_conversion not in CONVERSIONS:
         raise ValueError(f"int_conversion must be one of {sorted(CONVERSIONS)}, got {int_conversion!r}")
+    # int8: the basis and centroids meet two int8 planes of q on integer tensor cores (quantised summaries only).
+    idot = int_conversion == "int8" and summaries.quantized
     chunk = chunk_pages or chunk_pages_for(bsz * hkv, max_pages, q.device, block_pages)
     n_chunks = max(1, triton.cdiv(max_pages, chunk))
     scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
@@ -312,6 +358,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         max_pages, n_chunks, sm_scale * LOG2E,
         HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
+        IDOT=idot, GP=max(16, 2 * group) if idot else 16,
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -26,8 +26,8 @@ CASES = [
 
 @pytest.mark.parametrize("seq_lens, hkv, group", CASES)
 @pytest.mark.parametrize("precision", ["int8-int4-int8", "bf16", "fp32"])
-# The interpreter always converts with float32 casts; the GPU also runs the fp16-cast variant.
-@pytest.mark.parametrize("conversion", ["ptx", pytest.param("cast", marks=pytest.mark.gpu)])
+# The interpreter converts with float32 casts (int8 dots stay integer); the GPU also runs the fp16-cast variant.
+@pytest.mark.parametrize("conversion", ["ptx", "int8", pytest.param("cast", marks=pytest.mark.gpu)])
 def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision, conversion, device):
     c = random_cache(seq_lens, hkv, 128, precision, device=device, seed=len(seq_lens) * 7 + group)
     q = torch.randn(len(seq_lens), hkv * group, 128, device=device).bfloat16()
