@@ -60,14 +60,16 @@ def sglang_flags(shape: str, mode: str, batch: int, max_context: int, budget: in
     return flags + ["--attention-backend", "flashinfer", "--page-size", "16"]
 
 
-def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget: int, result: str) -> list:
+def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget: int, result: str,
+            profile_dir: str = None) -> list:
     flags = sglang_flags(shape, mode, batch, max(contexts), budget)
     if tool == "bench_one_batch":
         return [sys.executable, "-c", LOAD_PLUGINS_THEN.format("sglang.bench_one_batch"), *flags,
                 "--batch-size", str(batch), "--input-len", *map(str, contexts), "--output-len", str(OUTPUT_LEN),
                 "--run-name", mode, "--result-filename", result]
+    profile = ["--profile-dir", profile_dir, "--profile-tag", f"{shape}_bs{batch}_{mode}"] if profile_dir else []
     return [sys.executable, os.path.abspath(__file__), "--synthetic-worker", "--result", result,
-            "--batch", str(batch), "--contexts", ",".join(map(str, contexts)), "--", *flags]
+            "--batch", str(batch), "--contexts", ",".join(map(str, contexts)), *profile, "--", *flags]
 
 
 def read_medians(result: str) -> dict:
@@ -120,7 +122,8 @@ def run_plan(args) -> list:
             with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
                 result = f.name
             os.unlink(result)
-            cmd = command(tool, shape, mode, batch, contexts, args.budget, result)
+            cmd = command(tool, shape, mode, batch, contexts, args.budget, result,
+                          args.log_dir if args.profile else None)
             print("e2e_decode:", " ".join(cmd), flush=True)
             if args.dry_run:
                 medians[mode] = {}
@@ -191,6 +194,22 @@ def synthetic_worker(args, sglang_argv) -> None:
         print(f"synthetic: batch {args.batch} context {context}: median decode {1000 * median:.3f} ms", flush=True)
         with open(args.result, "a") as f:
             f.write(json.dumps(dict(batch_size=args.batch, input_len=context, median_decode_latency=median)) + "\n")
+        if args.profile_dir:
+            profile_steps(runner, next_ids, batch, os.path.join(
+                args.profile_dir, f"profile_{args.profile_tag}_{context}.txt"))
+
+
+def profile_steps(runner, next_ids, batch, path: str, steps: int = 8) -> None:
+    """Kernel and host time of a few more decode steps (torch.profiler; kernels inside CUDA graphs included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            next_ids, _ = runner.decode(next_ids, batch)
+            runner.synchronize()
+    with open(path, "w") as f:
+        f.write(f"{steps} decode steps\n")
+        f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=50))
 
 
 def fill_random_kv(mr, slots) -> None:
@@ -233,11 +252,17 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=1800, help="seconds per SGLang process")
     p.add_argument("--log-dir", help="keep each SGLang process's log here")
     p.add_argument("--dry-run", action="store_true", help="print the commands, write the JSON without results")
+    p.add_argument("--profile", action="store_true", help="synthetic tool: also write a torch.profiler kernel table "
+                   "of 8 more decode steps per context into --log-dir")
     p.add_argument("--synthetic-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--contexts", help=argparse.SUPPRESS)
+    p.add_argument("--profile-dir", help=argparse.SUPPRESS)
+    p.add_argument("--profile-tag", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.profile and not args.log_dir:
+        p.error("--profile writes into --log-dir")
     if args.synthetic_worker:
         synthetic_worker(args, sglang_argv)
         return 0
