@@ -43,7 +43,7 @@ PLAN = [
     ("bench_one_batch", "glm4-9b-1m", 1, [256 * K]),
     ("synthetic", "llama8b", 1, [32 * K, 128 * K, 256 * K]),
     ("synthetic", "llama8b", 4, [32 * K, 128 * K]),
-    # 1M - 1K: the server's context length (context + OUTPUT_LEN headroom) may not pass GLM's 1M positions.
+    # 1M - 1K: the server's --context-length (context + HEADROOM) may not pass GLM's 1M positions.
     ("synthetic", "glm4-9b-1m", 1, [256 * K, 512 * K, 1023 * K]),
 ]
 OUTPUT_LEN = 32

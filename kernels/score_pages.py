@@ -43,6 +43,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 # Integer-to-float conversion of the summaries (constexpr CVT): 0 float32 casts (Triton's
 # interpreter, whose fp16/bf16 dots are unreliable), 1 fp16 casts, 2 fp16 by the PTX magic-number
 # trick (the default on GPUs).
+# "int8" multiplies basis and centroids as integers; the coefficients still convert by PTX.
 CONVERSIONS = {"cast": 1, "ptx": 2, "int8": 2}
 
 
@@ -209,12 +210,12 @@ def _score_pages_kernel(
     start = chunk * row_chunk
     end_sealed = tl.minimum(start + row_chunk, n_sealed)
 
-    g = tl.arange(0, GP)
     k = tl.arange(0, HALF)
     if IDOT:
         q_lo, q_hi, q_weight = _int8_query_planes(q_ptr + b * stride_qb + h * G * stride_qh, stride_qh, G, GP, HALF,
                                                   scale_log2)
     else:
+        g = tl.arange(0, GP)
         q_base = q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + k[None, :]
         q_lo = _to_dot_dtype(tl.load(q_base, mask=(g < G)[:, None], other=0.0), CVT)
         q_hi = _to_dot_dtype(tl.load(q_base + HALF, mask=(g < G)[:, None], other=0.0), CVT)
@@ -325,7 +326,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     the unsealed tail included); max_pages >= max(seq_lens) // 16 sizes the
     buffers and the grid (n_chunks = max_pages / chunk_pages programs per row);
     each row's sealed pages are spread over all of its n_chunks (row_chunks).
-    int_conversion: "ptx" (default), "cast" (plain fp16 casts: 1.3-1.5x slower
+    int_conversion: "ptx" (default), "cast" (plain fp16 casts: 1.2-1.5x slower
     on the H200) or "int8" (integer dots against int8 planes of q, see
     _int8_query_planes). Returns scores [B, Hq, max_pages] (natural-log mass; entries
     past a request's sealed pages are not written, aggregate_scores masks them)

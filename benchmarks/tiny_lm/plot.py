@@ -76,25 +76,29 @@ def plot_recall_heads(res, path, budget):
     fig.savefig(path, dpi=110)
 
 
-def plot_loss(res, path):
-    groups = _by_context(res["loss"])
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.8), squeeze=False)
+def _context_panels(groups, path, draw):
+    """One panel per context: draw(ax, ctx, rows) for each of groups {context: rows}, then save."""
+    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(4.5 * max(1, len(groups)), 3.8), squeeze=False)
     for ax, (ctx, rows) in zip(axes[0], groups.items()):
-        _lines(ax, rows, "loss_delta", _selectors(rows))
-        dense = next(r["loss"] for r in rows if r["selector"] == "dense")
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_title(f"context {ctx} (dense {dense:.3f} nats/byte)")
-        ax.set_ylabel("loss - dense, last tokens (nats/byte)")
+        draw(ax, ctx, rows)
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def plot_loss(res, path):
+    def draw(ax, ctx, rows):
+        _lines(ax, rows, "loss_delta", _selectors(rows))
+        dense = next(r["loss"] for r in rows if r["selector"] == "dense")
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_title(f"context {ctx} (dense {dense:.3f} nats/byte)")
+        ax.set_ylabel("loss - dense, last tokens (nats/byte)")
+
+    _context_panels(_by_context(res["loss"]), path, draw)
+
+
 def plot_retrieval(res, path):
-    sparse = [r for r in res["retrieval"] if r["selector"] != "dense"]
-    groups = _by_context(sparse)
-    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(4.5 * max(1, len(groups)), 3.8), squeeze=False)
-    for ax, (ctx, rows) in zip(axes[0], groups.items()):
+    def draw(ax, ctx, rows):
         _lines(ax, rows, "accuracy", _selectors(rows))
         template = rows[0]["template"]
         dense = next(r for r in res["retrieval"] if r["context"] == ctx and r["selector"] == "dense"
@@ -104,9 +108,8 @@ def plot_retrieval(res, path):
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(f"retrieval '{template}', context {ctx} (n={dense['n']})")
         ax.set_ylabel("exact match")
-    axes[0, 0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+
+    _context_panels(_by_context([r for r in res["retrieval"] if r["selector"] != "dense"]), path, draw)
 
 
 def plot_lowrank(res, path):
