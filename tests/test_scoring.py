@@ -28,8 +28,8 @@ CASES = [
 @pytest.mark.parametrize("precision", ["int8-int4-int8", "bf16", "fp32"])
 # The interpreter converts with float32 casts (int8 dots stay integer); the GPU also runs the fp16-cast variant.
 @pytest.mark.parametrize("conversion", ["ptx", "int8", pytest.param("cast", marks=pytest.mark.gpu)])
-def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision, conversion, device):
-    c = random_cache(seq_lens, hkv, 128, precision, device=device, seed=len(seq_lens) * 7 + group)
+def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision, conversion, device, rank=8):
+    c = random_cache(seq_lens, hkv, 128, precision, rank=rank, device=device, seed=len(seq_lens) * 7 + group)
     q = torch.randn(len(seq_lens), hkv * group, 128, device=device).bfloat16()
     max_pages = max(seq_lens) // 16 + 3  # wider than needed, like a static graph buffer
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
@@ -55,6 +55,13 @@ def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision,
     fin = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), fin)
     assert torch.allclose(lse[fin], lse_ref[fin], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("rank", [3, 5, 12, 16])  # basis rows padded to 8 (two pages per dot) or 16 (one)
+@pytest.mark.parametrize("precision", ["int8-int4-int8", "fp32"])
+@pytest.mark.parametrize("conversion", ["ptx", "int8"])
+def test_score_kernel_other_ranks(rank, precision, conversion, device):
+    test_score_kernel_matches_float64_reference(*CASES[0], precision, conversion, device, rank=rank)
 
 
 @pytest.mark.parametrize("mode", ["mass", "max", "logsumexp"])
@@ -107,6 +114,31 @@ def test_full_rank_scores_are_the_exact_page_log_mass(device):
         k = c["k_cache"][slots].double().view(n_sealed, 16, 2, 128)
         exact = torch.logsumexp(torch.einsum("hgd,pihd->hgpi", q[b].view(2, 4, 128), k) * 0.1, -1).reshape(8, n_sealed)
         assert torch.allclose(s[b, :, :n_sealed], exact, atol=1e-4)
+    # The kernel too (float32 dots in the interpreter; fp16 on tensor cores on the GPU).
+    kernel, _, _ = score_pages_triton(q.float(), c["summaries"], c["req_to_token"], c["req_pool_indices"],
+                                      c["seq_lens"], max_pages, 0.1)
+    finite = torch.isfinite(s)
+    tol = 1e-4 if device == "cpu" else 2e-2
+    assert torch.allclose(kernel[finite].double(), s[finite], atol=tol, rtol=tol)
+
+
+def test_a_key_far_above_its_page_centroid_still_ranks_its_page_first(device):
+    """The kernel's sum of exponentials needs no running max (centred coefficients) and clamps
+    per-key terms at 2^120: a key 400 log2 units above its centroid logit stays finite and on top."""
+    seq_lens = [16 * 12]
+    c = random_cache(seq_lens, 1, 128, device=device, seed=3)
+    q = torch.randn(1, 4, 128, device=device).bfloat16().float()
+    keys = c["k_cache"].float().view(-1, 16, 1, 128)[1:].clone()  # every page but page 0
+    slot = int(c["req_to_token"][int(c["req_pool_indices"][0]), 16 * 7 + 5])
+    keys.view(-1, 1, 128)[slot - 16, 0] = q[0, 0] * 400 / (q[0, 0].norm() ** 2 * 0.1 * 1.4426950408889634)
+    c["summaries"].write(torch.arange(1, keys.shape[0] + 1, device=device), keys)
+    args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], 12, 0.1)
+    scores, _, _ = score_pages_triton(q.bfloat16(), *args)
+    assert torch.isfinite(scores).all()
+    assert int(scores[0, 0].argmax()) == 7
+    ref = score_pages_torch(q.double(), *args)
+    others = torch.arange(12) != 7
+    assert torch.allclose(scores[0, :, others].double(), ref[0, :, others], atol=1e-3, rtol=1e-3)
 
 
 def test_score_pages_rejects_bad_heads(device):
