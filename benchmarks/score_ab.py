@@ -11,6 +11,7 @@ and the largest score difference against the base's default launch.
 """
 
 import argparse
+import datetime
 import importlib.util
 import json
 import os
@@ -63,7 +64,8 @@ def main():
                 print(rows[-1], flush=True)
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "git": os.environ.get("GIT_REV", ""),
-                       "command": " ".join(["python"] + sys.argv), "copy_gbs": copy_gbs, "rows": rows}, f, indent=1)
+                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "baseline": args.baseline, "command": " ".join(["python"] + sys.argv), "copy_gbs": copy_gbs, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -294,8 +294,8 @@ def _score_pages_kernel(
     tl.store(part_sum_ptr + part, run_s)
 
 
-# Defaults: the fastest launch of the H200 sweep for both G=4 (Llama 128K) and G=16 (GLM 1M),
-# benchmarks/score_sweep.py -> benchmarks/results/score_sweep.json.
+# Defaults: the fastest launch of the H200 sweeps for both G=4 (Llama 128K) and G=16 (GLM 1M),
+# benchmarks/score_sweep.py -> benchmarks/results/score_sweep*.json (int conversion: score_ab.json).
 BLOCK_PAGES = 16
 _PROGRAMS_PER_SM = 8
 
