@@ -88,7 +88,7 @@ def fastest_score_options(sweep_json: str) -> dict:
     for r in json.load(open(sweep_json))["rows"]:
         if r["kernel"] == "score" and "us" in r and r["us"] < best.get(r["shape"], {}).get("us", float("inf")):
             best[r["shape"]] = r
-    keys = ("block_pages", "num_warps", "num_stages", "int_conversion")
+    keys = ("block_pages", "num_warps", "num_stages", "int_conversion", "maxnreg")
     return {shape: {k: r[k] for k in keys if k in r} for shape, r in best.items()}
 
 

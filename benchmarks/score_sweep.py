@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--num-stages", default="3")
     ap.add_argument("--chunk-pages", default="0", help="0: the wrapper's default; else pages per program")
     ap.add_argument("--int-conversion", default="ptx,int8")
+    ap.add_argument("--maxnreg", default="0", help="0: the compiler's choice; else registers per thread")
     args = ap.parse_args()
     cfg = LocksConfig()
     copy_gbs = copy_bandwidth_gbs()
@@ -63,10 +64,12 @@ def main():
         q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
         max_pages = context // 16
         moved = hkv * max_pages * summ.bytes_per_page_per_head() + max_pages * 4 * (1 + hq)
-        grid = itertools.product(*(map(int, a.split(",")) for a in (args.block_pages, args.num_warps, args.num_stages, args.chunk_pages)),
+        grid = itertools.product(*(map(int, a.split(",")) for a in (args.block_pages, args.num_warps, args.num_stages,
+                                                                     args.chunk_pages, args.maxnreg)),
                                  args.int_conversion.split(","))
-        for bp, nw, ns, cp, cvt in grid:
-            opts = dict(block_pages=bp, num_warps=nw, num_stages=ns, chunk_pages=cp or None, int_conversion=cvt)
+        for bp, nw, ns, cp, mr, cvt in grid:
+            opts = dict(block_pages=bp, num_warps=nw, num_stages=ns, chunk_pages=cp or None, int_conversion=cvt,
+                        maxnreg=mr or None)
             row = {"shape": shape, "kernel": "score", **opts}
             try:
                 us = kernel_us(lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, **opts))

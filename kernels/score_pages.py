@@ -97,6 +97,44 @@ def _int4_to_f16(x, CVT: tl.constexpr):
 
 
 @triton.jit
+def _log2(x, CVT: tl.constexpr):
+    """log2 by the SFU (lg2.approx, relative error ~2^-22) on GPUs; Triton's tl.log2 is the
+    libdevice one, ~15 instructions per value."""
+    if CVT == 0:
+        y = tl.log2(x)
+    else:
+        y = tl.inline_asm_elementwise(asm="lg2.approx.f32 $0, $1;", constraints="=r,r", args=[x],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    return y
+
+
+@triton.jit
+def _int4_to_int8x16(x, CVT: tl.constexpr):
+    """uint8 bytes holding two int4 (low nibble: element k, high: k + d/2) -> int8 (16 lo, 16 hi):
+    the nibbles moved to the top of a byte, four bytes per 32-bit instruction (Triton's own
+    8-bit shifts unpack and repack every byte)."""
+    if CVT == 2:
+        lo, hi = tl.inline_asm_elementwise(
+            asm="""
+            {
+            shl.b32 $0, $2, 4;
+            and.b32 $0, $0, 0xF0F0F0F0;
+            and.b32 $1, $2, 0xF0F0F0F0;
+            }
+            """,
+            constraints="=r,=r,r",
+            args=[x],
+            dtype=(tl.int8, tl.int8),
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        lo = (x << 4).to(tl.int8, bitcast=True)
+        hi = (x & 0xF0).to(tl.int8, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
 def _int8_to_f16(x, CVT: tl.constexpr):
     if CVT == 2:
         # xor 0x80 gives b + 128 in [0, 255]; the byte 0x64 above it makes the half 1024 + that.
@@ -182,7 +220,7 @@ def _page_lse(proj, qmu, c_rows, G: tl.constexpr, GP: tl.constexpr, BLOCK_P: tl.
     # its centroid logit still scores >= q . mu + 120).
     local = tl.sum(tl.reshape(local, (NG, FOLD, G, SUB * PAGE)), 1)
     mass = tl.sum(tl.exp2(tl.minimum(tl.reshape(local, (NG, G, SUB, PAGE)), 120.0)), 3)  # [NG, G, SUB]
-    lse = tl.reshape(tl.permute(tl.log2(mass), (1, 0, 2)), (G, BLOCK_P))
+    lse = tl.reshape(tl.permute(_log2(mass, CVT), (1, 0, 2)), (G, BLOCK_P))
     return lse + tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)
 
 
@@ -229,58 +267,59 @@ def _score_pages_kernel(
     n = tl.arange(0, BLOCK_P * RP)        # basis column (page j, rank r) = (n // RP, n % RP)
     e = tl.arange(0, RP * PAGE)           # a page's coefficients, r-major
 
+    live_r = (tl.arange(0, BLOCK_P * RP) % RP) < R   # basis columns of real ranks (rank < RP pads)
     # Page ids of the next block are loaded one iteration ahead: the summary loads that
-    # depend on them then wait for one memory round trip, not two.
-    slot_next = tl.load(table + (start + jp) * PAGE, mask=start + jp < end_sealed, other=0)
+    # depend on them then wait for one memory round trip, not two. Positions past the chunk's
+    # sealed pages read its last sealed page: every summary load is in bounds and unmasked,
+    # and those columns are dropped at the store.
+    last = tl.maximum(end_sealed - 1, 0)
+    slot_next = tl.load(table + tl.minimum(start + jp, last) * PAGE)
     for p0 in range(start, end_sealed, BLOCK_P):
         p = p0 + jp
         valid = p < end_sealed
         slot = slot_next
-        slot_next = tl.load(table + (p + BLOCK_P) * PAGE, mask=p + BLOCK_P < end_sealed, other=0)
+        slot_next = tl.load(table + tl.minimum(p + BLOCK_P, last) * PAGE)
         rec = slot // PAGE * HKV + h   # summary record of (page, KV head)
         if BIG:
             rec = rec.to(tl.int64)
 
         # q . mu: [GP, BLOCK_P]
         mu_base = mu_ptr + rec[None, :] * D + k[:, None]
-        mu_scale = tl.load(mu_scale_ptr + rec, mask=valid, other=0.0)
+        mu_scale = tl.load(mu_scale_ptr + rec)
         if IDOT:
-            mu_lo = tl.load(mu_base, mask=valid[None, :], other=0)
-            mu_hi = tl.load(mu_base + HALF, mask=valid[None, :], other=0)
+            mu_lo = tl.load(mu_base)
+            mu_hi = tl.load(mu_base + HALF)
             qmu = tl.dot(q_lo, mu_lo, out_dtype=tl.int32) + tl.dot(q_hi, mu_hi, out_dtype=tl.int32)
             qmu = qmu.to(tl.float32) * q_weight[:, None] * mu_scale[None, :]
         else:
-            mu_lo = _operand(tl.load(mu_base, mask=valid[None, :], other=0), QUANT, CVT)
-            mu_hi = _operand(tl.load(mu_base + HALF, mask=valid[None, :], other=0), QUANT, CVT)
+            mu_lo = _operand(tl.load(mu_base), QUANT, CVT)
+            mu_hi = _operand(tl.load(mu_base + HALF), QUANT, CVT)
             qmu = (tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)) * (mu_scale * scale_log2)[None, :]
 
         # V q for the r basis rows of every page: [GP, BLOCK_P * RP]
         rec_n = tl.reshape(tl.broadcast_to(rec[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,))
         r_n = n % RP
-        live_n = tl.reshape(tl.broadcast_to(valid[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,)) & (r_n < R)
-        cs = tl.load(coef_scale_ptr + rec_n * R + r_n, mask=live_n, other=0.0)
+        cs = tl.load(coef_scale_ptr + rec_n * R + r_n, mask=live_r, other=0.0)
         if IDOT:
             # Nibbles moved to the top of a byte are int8 values of 16 x the int4 element: one
             # shift or mask per byte, no conversion, and half the operand bytes of fp16.
-            vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_n[None, :], other=0)
-            v_lo = (vb << 4).to(tl.int8, bitcast=True)
-            v_hi = (vb & 0xF0).to(tl.int8, bitcast=True)
+            vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
+            v_lo, v_hi = _int4_to_int8x16(vb, CVT)
             proj = tl.dot(q_lo, v_lo, out_dtype=tl.int32) + tl.dot(q_hi, v_hi, out_dtype=tl.int32)
             proj = proj.to(tl.float32) * q_weight[:, None] * (cs * 0.0625)[None, :]
         else:
             if QUANT:
-                vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_n[None, :], other=0)
+                vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
                 v_lo, v_hi = _int4_to_f16(vb, CVT)
             else:
                 v_base = basis_ptr + (rec_n * R + r_n)[None, :] * D + k[:, None]
-                v_lo = _operand(tl.load(v_base, mask=live_n[None, :], other=0.0), False, CVT)
-                v_hi = _operand(tl.load(v_base + HALF, mask=live_n[None, :], other=0.0), False, CVT)
+                v_lo = _operand(tl.load(v_base, mask=live_r[None, :], other=0.0), False, CVT)
+                v_hi = _operand(tl.load(v_base + HALF, mask=live_r[None, :], other=0.0), False, CVT)
             proj = (tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)) * (cs * scale_log2)[None, :]
         # proj is in log2-domain logit units: safe in fp16 for the per-key dot
 
         # Each page's coefficients are one contiguous load.
-        c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :],
-                         mask=valid[:, None] & (e[None, :] < R * PAGE), other=0)
+        c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
         s2 = _page_lse(proj, qmu, c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT, CVT)
         s2 = tl.where(valid[None, :], s2, float("-inf"))
         tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :], s2 * LN2, mask=valid[None, :])
@@ -332,7 +371,8 @@ def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int) -
 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None, int_conversion=None):
+                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None, int_conversion=None,
+                       maxnreg=None):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
@@ -344,7 +384,8 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     H200) or "int8" (integer dots against int8 planes of q, see
     _int8_query_planes); default int8 where the two planes fit the 16 rows
     of a dot (G <= 8: 1.2x faster than ptx on the H200 at G=4), else ptx
-    (G=16: int8's 32 rows were 1.1x slower). Returns scores [B, Hq, max_pages] (natural-log mass; entries
+    (G=16: int8's 32 rows were 1.1x slower). maxnreg caps registers per thread (occupancy: 167-255
+    registers at 2 warps allow 4-6 programs per SM). Returns scores [B, Hq, max_pages] (natural-log mass; entries
     past a request's sealed pages are not written, aggregate_scores masks them)
     and per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
@@ -380,6 +421,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         IDOT=idot, GP=max(16, 2 * group) if idot else 16,
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
         num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p, num_stages),
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return scores, part_max, part_sum
 

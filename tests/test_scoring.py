@@ -86,7 +86,13 @@ def test_aggregate_kernel_matches_reference(mode, seq_lens, hkv, group, device):
     assert (flat <= offset[:, None] + 1e-4)[free].all()  # agg - offset is a share of the group's mass
     live = flat > float("-inf")
     want = torch.where(live, page_key_torch(flat, offset), torch.full_like(live, -1, dtype=torch.int64))
-    assert torch.equal(keys.cpu().long(), want)
+    # The kernel's offset is float32 math, the reference's float64: a key may differ by one
+    # where its unrounded value lies within 1e-2 of an integer step (2^-10 nats apart).
+    unrounded = (flat.double() - offset[:, None] + 64) * 1024
+    at_step = (unrounded - unrounded.round()).abs() < 1e-2
+    diff = (keys.cpu().long() - want).abs()
+    assert ((diff == 0) | (at_step & live & (diff == 1))).all()
+    want = keys.cpu().long()  # the histogram counts the kernel's own keys
     for row in range(flat.shape[0]):
         assert torch.equal(hist[row].cpu().long(), torch.bincount(want[row][live[row]] >> 8, minlength=256))
 

@@ -1,0 +1,126 @@
+"""Compile the score kernel for sm_90 on any machine (no GPU) and count its SASS.
+
+    python benchmarks/score_sass.py [--shape llama3.1-8b|glm4-9b-1m] [--int-conversion int8|ptx]
+        [--num-warps 2] [--num-stages 3] [--maxnreg N] [--module PATH] [--lines 20]
+
+Triton's bundled ptxas and nvdisasm build and disassemble the kernel as the
+GPU would run it (pointer arguments 16-byte aligned, as Triton specialises
+them at launch). Prints registers, shared memory, the static instruction
+count of the page loop's body (one warp, one block of pages) by opcode and by
+source line. The kernel is instruction-issue bound on the H200
+(results/ncu_score_glm_789492d.txt), so the loop's instruction count is a
+first check of a change before it is timed there. --module: another
+revision's score_pages.py (git show REV:kernels/score_pages.py > FILE).
+"""
+
+import argparse
+import collections
+import importlib.util
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from attention_decode import SHAPES
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+POINTERS = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8",
+                coef_scale_ptr="*fp32", req_to_token_ptr="*i32", req_pool_ptr="*i32", seq_lens_ptr="*i32",
+                scores_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+ALIGNED = set(POINTERS) | {"stride_qb", "stride_qh", "stride_rt"}
+
+
+def load_module(path):
+    if path is None:
+        import sglang_locks.kernels.score_pages as module
+        return module
+    spec = importlib.util.spec_from_file_location("sglang_locks.kernels._score_pages_sass", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_score_kernel(module, group, kv_heads, idot, num_warps, num_stages, maxnreg=None):
+    fn = module._score_pages_kernel
+    names = fn.arg_names
+    consts = dict(HKV=kv_heads, G=group, D=128, R=8, RP=8, PAGE=16, BLOCK_P=module.BLOCK_PAGES, QUANT=True,
+                  CVT=2, BIG=False, IDOT=idot)
+    if "GP" in names:  # revisions whose launcher passes the dot's row count
+        consts["GP"] = max(16, 2 * group) if idot else 16
+    sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "scale_log2" else "i32") for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names if n in ALIGNED})
+    options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def loop_body(sass: str):
+    """(source line, instruction) of the longest backward-branch loop."""
+    body, labels, where = [], {}, None
+    for line in sass.splitlines():
+        m = re.search(r'File "(.*)", line (\d+)', line)
+        if m:
+            where = (os.path.basename(m.group(1)), int(m.group(2)))
+            continue
+        m = re.match(r"\.L_x_(\d+):", line.strip())
+        if m:
+            labels[m.group(1)] = len(body)
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s*(.*)", line)
+        if m:
+            body.append((where, m.group(1).split(";")[0].strip()))
+    best = (0, 0, -1)
+    for i, (_, ins) in enumerate(body):
+        m = re.search(r"BRA.*\.L_x_(\d+)", ins)
+        if m and labels.get(m.group(1), i + 1) <= i and i - labels[m.group(1)] + 1 > best[0]:
+            best = (i - labels[m.group(1)] + 1, labels[m.group(1)], i)
+    return body[best[1]:best[2] + 1]
+
+
+def opcode(ins: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
+    ap.add_argument("--int-conversion", default=None, choices=["int8", "ptx"], help="default: the launcher's choice")
+    ap.add_argument("--num-warps", type=int, default=2)
+    ap.add_argument("--num-stages", type=int, default=3)
+    ap.add_argument("--maxnreg", type=int, default=None)
+    ap.add_argument("--module", help="a score_pages.py to compile instead of the installed one")
+    ap.add_argument("--lines", type=int, default=20, help="source lines to list")
+    args = ap.parse_args()
+    module = load_module(args.module)
+    _, kv_heads, q_heads, _ = SHAPES[args.shape]
+    group = q_heads // kv_heads
+    conversion = args.int_conversion or ("int8" if 2 * group <= 16 else "ptx")
+    kernel = compile_score_kernel(module, group, kv_heads, conversion == "int8", args.num_warps, args.num_stages,
+                                  args.maxnreg)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", cubin],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", "--print-line-info", cubin],
+                              capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", usage).group(1)
+    loop = loop_body(sass)
+    pages = module.BLOCK_PAGES
+    print(f"{args.shape} G={group} {conversion} warps={args.num_warps} stages={args.num_stages}: "
+          f"{regs} registers, {kernel.metadata.shared} B shared; loop body {len(loop)} instructions per warp per "
+          f"{pages} pages = {len(loop) * args.num_warps / pages:.0f} per (page, KV head)")
+    print("  " + " ".join(f"{k}:{v}" for k, v in collections.Counter(opcode(i) for _, i in loop).most_common(16)))
+    per_line = collections.Counter(w for w, _ in loop)
+    src = open(module.__file__).read().splitlines()
+    for where, n in per_line.most_common(args.lines):
+        text = src[where[1] - 1].strip()[:80] if where and where[0] == os.path.basename(module.__file__) else str(where)
+        print(f"  {n:5d}  {where[1] if where else '-':>4}  {text}")
+
+
+if __name__ == "__main__":
+    main()
