@@ -44,10 +44,10 @@ def load_module(path):
     return module
 
 
-def compile_score_kernel(module, group, kv_heads, idot, num_warps, num_stages, maxnreg=None):
+def compile_score_kernel(module, group, kv_heads, idot, num_warps, num_stages, maxnreg=None, block_pages=None):
     fn = module._score_pages_kernel
     names = fn.arg_names
-    consts = dict(HKV=kv_heads, G=group, D=128, R=8, RP=8, PAGE=16, BLOCK_P=module.BLOCK_PAGES, QUANT=True,
+    consts = dict(HKV=kv_heads, G=group, D=128, R=8, RP=8, PAGE=16, BLOCK_P=block_pages or module.BLOCK_PAGES, QUANT=True,
                   CVT=2, BIG=False, IDOT=idot)
     if "GP" in names:  # revisions whose launcher passes the dot's row count
         consts["GP"] = max(16, 2 * group) if idot else 16
@@ -91,6 +91,7 @@ def main():
     ap.add_argument("--num-warps", type=int, default=2)
     ap.add_argument("--num-stages", type=int, default=3)
     ap.add_argument("--maxnreg", type=int, default=None)
+    ap.add_argument("--block-pages", type=int, default=None, help="default: the module's BLOCK_PAGES")
     ap.add_argument("--module", help="a score_pages.py to compile instead of the installed one")
     ap.add_argument("--lines", type=int, default=20, help="source lines to list")
     args = ap.parse_args()
@@ -99,7 +100,7 @@ def main():
     group = q_heads // kv_heads
     conversion = args.int_conversion or ("int8" if 2 * group <= 16 else "ptx")
     kernel = compile_score_kernel(module, group, kv_heads, conversion == "int8", args.num_warps, args.num_stages,
-                                  args.maxnreg)
+                                  args.maxnreg, args.block_pages)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         with open(cubin, "wb") as f:
@@ -110,8 +111,9 @@ def main():
                               capture_output=True, text=True, check=True).stdout
     regs = re.search(r"REG:(\d+)", usage).group(1)
     loop = loop_body(sass)
-    pages = module.BLOCK_PAGES
-    print(f"{args.shape} G={group} {conversion} warps={args.num_warps} stages={args.num_stages}: "
+    pages = args.block_pages or module.BLOCK_PAGES
+    print(f"{args.shape} G={group} {conversion} block_pages={pages} warps={args.num_warps} stages={args.num_stages}"
+          f"{f' maxnreg={args.maxnreg}' if args.maxnreg else ''}: "
           f"{regs} registers, {kernel.metadata.shared} B shared; loop body {len(loop)} instructions per warp per "
           f"{pages} pages = {len(loop) * args.num_warps / pages:.0f} per (page, KV head)")
     print("  " + " ".join(f"{k}:{v}" for k, v in collections.Counter(opcode(i) for _, i in loop).most_common(16)))
