@@ -357,17 +357,24 @@ def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block
     return triton.cdiv(blocks, chunks_per_row) * block_pages
 
 
-# Shared memory for the loads of blocks in flight (the H200 has 227 KiB per block; the rest is scratch).
-_PIPELINE_BYTES = 200 * 1024
+# Shared memory the kernel needs besides the loads of blocks in flight (layout conversions).
+_SCRATCH_BYTES = 32 * 1024
 
 
-def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int) -> int:
+def _shared_memory_per_block(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 227 * 1024  # the H200's; the interpreter ignores num_stages
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block)
+
+
+def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, shared_memory: int) -> int:
     """num_stages, cut where the summaries of num_stages - 1 blocks in flight would overflow
-    shared memory (float summaries at rank > 8: 152 KiB per block at fp32)."""
+    shared_memory bytes per block (float summaries at rank > 8: 152 KiB per block at fp32)."""
     s = summaries
     per_block = block_pages * (rank_p * s.basis.shape[-1] * s.basis.element_size() + s.mu.shape[-1] * s.mu.element_size()
                                + rank_p * s.coef.shape[-1] * s.coef.element_size())
-    return max(1, min(num_stages, 1 + _PIPELINE_BYTES // per_block))
+    return max(1, min(num_stages, 1 + (shared_memory - _SCRATCH_BYTES) // per_block))
 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
@@ -420,7 +427,8 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
         IDOT=idot, GP=max(16, 2 * group) if idot else 16,
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
-        num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p, num_stages),
+        num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p, num_stages,
+                                                          _shared_memory_per_block(q.device)),
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return scores, part_max, part_sum

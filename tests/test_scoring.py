@@ -11,7 +11,7 @@ from sglang_locks.kernels.aggregate_scores import (
     key_offset_torch,
     page_key_torch,
 )
-from sglang_locks.kernels.score_pages import row_chunks, score_pages_torch, score_pages_triton
+from sglang_locks.kernels.score_pages import pipeline_stages, row_chunks, score_pages_torch, score_pages_triton
 from sglang_locks.scoring import score_pages
 from sglang_locks.summaries import PageSummaries
 
@@ -145,6 +145,19 @@ def test_a_key_far_above_its_page_centroid_still_ranks_its_page_first(device):
     ref = score_pages_torch(q.double(), *args)
     others = torch.arange(12) != 7
     assert torch.allclose(scores[0, :, others].double(), ref[0, :, others], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("precision, rank, shared_kib, stages", [
+    ("int8-int4-int8", 8, 227, 3),   # the default: 12 KiB per block of 16 pages
+    ("int8-int4-int8", 8, 99, 3),
+    ("fp32", 8, 227, 3),             # 80 KiB per block
+    ("fp32", 16, 227, 2),            # 152 KiB: three stages ran out of shared memory on the H200
+    ("fp32", 8, 99, 1),
+])
+def test_pipeline_stages_fit_shared_memory(precision, rank, shared_kib, stages):
+    s = PageSummaries.allocate(1, 1, 128, rank, precision)
+    rank_p = max(8, 1 << (rank - 1).bit_length())
+    assert pipeline_stages(s, 16, rank_p, 3, shared_kib * 1024) == stages
 
 
 def test_score_pages_rejects_bad_heads(device):
