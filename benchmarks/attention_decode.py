@@ -82,6 +82,25 @@ def random_summaries(num_pages, hkv, d, rank):
     return s
 
 
+ONE_LAYER_CONTEXTS = {"llama3.1-8b": 131072, "glm4-9b-1m": 1048576}
+
+
+def one_layer_inputs(shape: str, context: int = None):
+    """The score kernel's inputs for one layer of one request (bs=1) on sequential pages, random
+    summaries: (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale), and
+    the bytes the kernel must move (summaries, page ids, scores written)."""
+    context = context or ONE_LAYER_CONTEXTS[shape]
+    _, hkv, hq, d = SHAPES[shape]
+    summaries = random_summaries(context // 16 + 1, hkv, d, LocksConfig().rank)
+    req_to_token = (torch.arange(context, device="cuda", dtype=torch.int32) + 16).view(1, context)
+    req_pool = torch.zeros(1, device="cuda", dtype=torch.int32)
+    seq_lens = torch.full((1,), context, device="cuda", dtype=torch.int32)
+    q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
+    pages = context // 16
+    moved = hkv * pages * summaries.bytes_per_page_per_head() + pages * 4 * (1 + hq)
+    return (q, summaries, req_to_token, req_pool, seq_lens, pages, d**-0.5), moved
+
+
 def fastest_score_options(sweep_json: str) -> dict:
     """shape -> launch options of the fastest score kernel in a score_sweep.py result."""
     best = {}

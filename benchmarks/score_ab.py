@@ -20,7 +20,7 @@ import sys
 import torch
 
 import sglang_locks.kernels.score_pages as head
-from attention_decode import SHAPES, copy_bandwidth_gbs, graph_ms, random_summaries
+from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, graph_ms, one_layer_inputs
 
 
 def load_baseline(path: str):
@@ -39,16 +39,8 @@ def main():
     base = load_baseline(args.baseline)
     copy_gbs = copy_bandwidth_gbs()
     rows = []
-    for shape, context in (("llama3.1-8b", 131072), ("glm4-9b-1m", 1048576)):
-        _, hkv, hq, d = SHAPES[shape]
-        summ = random_summaries(context // 16 + 1, hkv, d, 8)
-        r2t = (torch.arange(context, device="cuda", dtype=torch.int32) + 16).view(1, context)
-        zero = torch.zeros(1, device="cuda", dtype=torch.int32)
-        lens = torch.full((1,), context, device="cuda", dtype=torch.int32)
-        q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
-        pages = context // 16
-        moved = hkv * pages * summ.bytes_per_page_per_head() + pages * 4 * (1 + hq)
-        call = (q, summ, r2t, zero, lens, pages, 0.088)
+    for shape in ONE_LAYER_CONTEXTS:
+        call, moved = one_layer_inputs(shape)
         ref = base.score_pages_triton(*call, int_conversion="ptx")[0]
         for opt in args.options.split(","):
             warps, conversion = opt.split(":")

@@ -24,7 +24,7 @@ from sglang_locks.kernels.score_pages import chunk_pages_for, score_pages_triton
 from sglang_locks.kernels.selected_indices import selected_indices_triton
 from sglang_locks.selection import select_pages
 
-from attention_decode import SHAPES, copy_bandwidth_gbs, graph_ms, random_summaries
+from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, graph_ms, one_layer_inputs
 
 
 def main():
@@ -54,16 +54,10 @@ def main():
                 fn()
         return graph_ms(many, args.reps) * 1e3 / args.inner
 
-    for shape, context in (("llama3.1-8b", 131072), ("glm4-9b-1m", 1048576)):
-        _, hkv, hq, d = SHAPES[shape]
-        pages = context // 16 + 1
-        summ = random_summaries(pages, hkv, d, cfg.rank)
-        r2t = (torch.arange(context, device="cuda", dtype=torch.int32) + 16).view(1, context)
-        rpi = torch.zeros(1, device="cuda", dtype=torch.int32)
-        lens = torch.full((1,), context, device="cuda", dtype=torch.int32)
-        q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
-        max_pages = context // 16
-        moved = hkv * max_pages * summ.bytes_per_page_per_head() + max_pages * 4 * (1 + hq)
+    for shape in ONE_LAYER_CONTEXTS:
+        call, moved = one_layer_inputs(shape)
+        q, summ, r2t, rpi, lens, max_pages, _ = call
+        hkv = summ.num_kv_heads
         grid = itertools.product(*(map(int, a.split(",")) for a in (args.block_pages, args.num_warps, args.num_stages,
                                                                      args.chunk_pages, args.maxnreg)),
                                  args.int_conversion.split(","))
@@ -72,7 +66,7 @@ def main():
                         maxnreg=mr or None)
             row = {"shape": shape, "kernel": "score", **opts}
             try:
-                us = kernel_us(lambda: score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088, **opts))
+                us = kernel_us(lambda: score_pages_triton(*call, **opts))
             except Exception as e:  # out of resources for this tile
                 rows.append({**row, "error": str(e)[:300]})
                 print(rows[-1], flush=True)
@@ -82,7 +76,7 @@ def main():
             rows.append({**row, "us": us, "gbs": moved / us / 1e3, "copy_fraction": moved / us / 1e3 / copy_gbs})
             print(rows[-1], flush=True)
             save()
-        scores, pm, ps = score_pages_triton(q, summ, r2t, rpi, lens, max_pages, 0.088)
+        scores, pm, ps = score_pages_triton(*call)
         indptr = torch.arange(hkv + 1, dtype=torch.int32, device="cuda") * cfg.token_budget
         indices = torch.empty(hkv * cfg.token_budget, dtype=torch.int32, device="cuda")
         agg_args = (scores, pm, ps, lens, hkv, 1, 1, "mass")
