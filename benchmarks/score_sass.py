@@ -44,11 +44,13 @@ def load_module(path):
     return module
 
 
-def compile_score_kernel(module, group, kv_heads, idot, num_warps, num_stages, maxnreg=None, block_pages=None):
+def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_stages=3, maxnreg=None, block_pages=None):
+    """The score kernel for sm_90 (int8-int4-int8 summaries, head_dim 128, rank 8); conversion: ptx, int8 or cast."""
     fn = module._score_pages_kernel
+    idot = conversion == "int8"
     names = fn.arg_names
     consts = dict(HKV=kv_heads, G=group, D=128, R=8, RP=8, PAGE=16, BLOCK_P=block_pages or module.BLOCK_PAGES, QUANT=True,
-                  CVT=2, BIG=False, IDOT=idot)
+                  CVT=module.CONVERSIONS[conversion], BIG=False, IDOT=idot)
     if "GP" in names:  # revisions whose launcher passes the dot's row count
         consts["GP"] = max(16, 2 * group) if idot else 16
     sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "scale_log2" else "i32") for n in names}
@@ -87,7 +89,7 @@ def opcode(ins: str) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
-    ap.add_argument("--int-conversion", default=None, choices=["int8", "ptx"], help="default: the launcher's choice")
+    ap.add_argument("--int-conversion", default=None, choices=["int8", "ptx", "cast"], help="default: the launcher's choice")
     ap.add_argument("--num-warps", type=int, default=2)
     ap.add_argument("--num-stages", type=int, default=3)
     ap.add_argument("--maxnreg", type=int, default=None)
@@ -99,7 +101,7 @@ def main():
     _, kv_heads, q_heads, _ = SHAPES[args.shape]
     group = q_heads // kv_heads
     conversion = args.int_conversion or ("int8" if 2 * group <= 16 else "ptx")
-    kernel = compile_score_kernel(module, group, kv_heads, conversion == "int8", args.num_warps, args.num_stages,
+    kernel = compile_score_kernel(module, group, kv_heads, conversion, args.num_warps, args.num_stages,
                                   args.maxnreg, args.block_pages)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
