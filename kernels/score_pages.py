@@ -301,8 +301,8 @@ def _score_pages_kernel(
         r_n = n % RP
         cs = tl.load(coef_scale_ptr + rec_n * R + r_n, mask=live_r, other=0.0)
         if IDOT:
-            # Nibbles moved to the top of a byte are int8 values of 16 x the int4 element: one
-            # shift or mask per byte, no conversion, and half the operand bytes of fp16.
+            # Nibbles moved to the top of a byte are int8 values of 16 x the int4 element: a shift
+            # and masks per four bytes, no conversion, and half the operand bytes of fp16.
             vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
             v_lo, v_hi = _int4_to_int8x16(vb, CVT)
             proj = tl.dot(q_lo, v_lo, out_dtype=tl.int32) + tl.dot(q_hi, v_hi, out_dtype=tl.int32)
@@ -391,10 +391,11 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     H200) or "int8" (integer dots against int8 planes of q, see
     _int8_query_planes); default int8 where the two planes fit the 16 rows
     of a dot (G <= 8: 1.2x faster than ptx on the H200 at G=4), else ptx
-    (G=16: int8's 32 rows were 1.1x slower). maxnreg caps registers per thread (occupancy: 167-255
-    registers at 2 warps allow 4-6 programs per SM). Returns scores [B, Hq, max_pages] (natural-log mass; entries
-    past a request's sealed pages are not written, aggregate_scores masks them)
-    and per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
+    (G=16: int8's 32 rows were 1.1x slower). maxnreg caps the registers per
+    thread (occupancy: 167-255 registers at 2 warps allow 4-6 programs per
+    SM). Returns scores [B, Hq, max_pages] (natural-log mass; entries past a
+    request's sealed pages are not written, aggregate_scores masks them) and
+    per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
