@@ -64,6 +64,15 @@ def graph_ms(step, reps: int) -> float:
     return ms
 
 
+def launch_us(fn, reps: int = 30, inner: int = 20) -> float:
+    """Microseconds per launch of fn: CUDA-graph medians of inner launches (a lone launch would
+    time the host's launch latency, not the kernel)."""
+    def many():
+        for _ in range(inner):
+            fn()
+    return graph_ms(many, reps) * 1e3 / inner
+
+
 def copy_bandwidth_gbs(reps: int = 20) -> float:
     """Device-to-device copy, bytes read + written per second."""
     src = torch.randn(GIB // 2, device="cuda")  # 2 GiB

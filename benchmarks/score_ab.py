@@ -20,7 +20,7 @@ import sys
 import torch
 
 import sglang_locks.kernels.score_pages as head
-from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, graph_ms, one_layer_inputs
+from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, launch_us, one_layer_inputs
 
 
 def load_baseline(path: str):
@@ -46,10 +46,7 @@ def main():
             warps, conversion = opt.split(":")
             opts = dict(num_warps=int(warps), int_conversion=conversion)
             for name, module in (("base", base), ("head", head)):
-                def many(module=module):
-                    for _ in range(20):
-                        module.score_pages_triton(*call, **opts)
-                us = graph_ms(many, 30) * 1e3 / 20
+                us = launch_us(lambda: module.score_pages_triton(*call, **opts))
                 diff = (module.score_pages_triton(*call, **opts)[0] - ref).abs().max().item()
                 rows.append({"shape": shape, "version": name, **opts, "us": us,
                              "copy_fraction": moved / us / 1e3 / copy_gbs, "max_abs_diff_vs_base_ptx": diff})

@@ -24,7 +24,7 @@ from sglang_locks.kernels.score_pages import chunk_pages_for, score_pages_triton
 from sglang_locks.kernels.selected_indices import selected_indices_triton
 from sglang_locks.selection import select_pages
 
-from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, graph_ms, one_layer_inputs
+from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, launch_us, one_layer_inputs
 
 
 def main():
@@ -49,10 +49,7 @@ def main():
                        "command": " ".join(["python"] + sys.argv), "copy_gbs": copy_gbs, "rows": rows}, f, indent=1)
 
     def kernel_us(fn):
-        def many():
-            for _ in range(args.inner):
-                fn()
-        return graph_ms(many, args.reps) * 1e3 / args.inner
+        return launch_us(fn, args.reps, args.inner)
 
     for shape in ONE_LAYER_CONTEXTS:
         call, moved = one_layer_inputs(shape)

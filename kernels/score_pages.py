@@ -267,7 +267,8 @@ def _score_pages_kernel(
     n = tl.arange(0, BLOCK_P * RP)        # basis column (page j, rank r) = (n // RP, n % RP)
     e = tl.arange(0, RP * PAGE)           # a page's coefficients, r-major
 
-    live_r = (tl.arange(0, BLOCK_P * RP) % RP) < R   # basis columns of real ranks (rank < RP pads)
+    r_n = n % RP
+    live_r = r_n < R                      # basis columns of real ranks (RP pads the rank)
     # Page ids of the next block are loaded one iteration ahead: the summary loads that
     # depend on them then wait for one memory round trip, not two. Positions past the chunk's
     # sealed pages read its last sealed page: every summary load is in bounds and unmasked,
@@ -298,21 +299,21 @@ def _score_pages_kernel(
 
         # V q for the r basis rows of every page: [GP, BLOCK_P * RP]
         rec_n = tl.reshape(tl.broadcast_to(rec[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,))
-        r_n = n % RP
-        cs = tl.load(coef_scale_ptr + rec_n * R + r_n, mask=live_r, other=0.0)
+        row_n = rec_n * R + r_n               # basis row and coefficient scale of each column
+        cs = tl.load(coef_scale_ptr + row_n, mask=live_r, other=0.0)
         if IDOT:
             # Nibbles moved to the top of a byte are int8 values of 16 x the int4 element: a shift
             # and masks per four bytes, no conversion, and half the operand bytes of fp16.
-            vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
+            vb = tl.load(basis_ptr + row_n[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
             v_lo, v_hi = _int4_to_int8x16(vb, CVT)
             proj = tl.dot(q_lo, v_lo, out_dtype=tl.int32) + tl.dot(q_hi, v_hi, out_dtype=tl.int32)
             proj = proj.to(tl.float32) * q_weight[:, None] * (cs * 0.0625)[None, :]
         else:
             if QUANT:
-                vb = tl.load(basis_ptr + (rec_n * R + r_n)[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
+                vb = tl.load(basis_ptr + row_n[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
                 v_lo, v_hi = _int4_to_f16(vb, CVT)
             else:
-                v_base = basis_ptr + (rec_n * R + r_n)[None, :] * D + k[:, None]
+                v_base = basis_ptr + row_n[None, :] * D + k[:, None]
                 v_lo = _operand(tl.load(v_base, mask=live_r[None, :], other=0.0), False, CVT)
                 v_hi = _operand(tl.load(v_base + HALF, mask=live_r[None, :], other=0.0), False, CVT)
             proj = (tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)) * (cs * scale_log2)[None, :]
