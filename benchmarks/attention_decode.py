@@ -26,7 +26,6 @@ import torch
 
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
-from sglang_locks.kernels.aggregate_scores import aggregate_scores_triton
 from sglang_locks.kernels.score_pages import score_pages_triton
 from sglang_locks.kernels.selected_indices import selected_indices_triton
 from sglang_locks.selection import selected_lengths
@@ -181,10 +180,10 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
     parts = score_pages_triton(q, sums[0], *tables, dec.max_pages, sm_scale, **dec.score_options)
     forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
 
-    def select_step():  # aggregate with page keys + radix top-k + token indices
+    def select_step():  # aggregate, page keys, radix top-k and page entries: one kernel
         for _ in range(layers):
-            _, keys, hist = aggregate_scores_triton(*parts, seq_lens, hkv, *forced, keys=True)
-            selected_indices_triton(keys, hist, *tables, dec.sparse.indptr, dec.sparse.indices, hkv, cfg.budget_pages)
+            selected_indices_triton(*parts, *tables, dec.sparse.indptr, dec.sparse.indices, hkv, *forced,
+                                    cfg.budget_pages, dec.selection_state)
 
     def attend_step():
         for layer in range(layers):
@@ -197,7 +196,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
     selected_tokens = int(selected_lengths(seq_lens_cpu, hkv, cfg.budget_pages).sum())
     summary_bytes = layers * bsz * hkv * n_sealed * probe.bytes_per_page_per_head()
     page_id_bytes = layers * bsz * n_sealed * 4
-    score_io_bytes = layers * bsz * n_sealed * 4 * (2 * hq + 2 * hkv)  # scores + aggregate, written and read
+    score_io_bytes = layers * bsz * n_sealed * 4 * (2 * hq + 3 * hkv)  # scores written, read; keys written, read twice
     selected_kv_bytes = layers * selected_tokens * d * 2 * 2
     index_bytes = layers * selected_tokens * 4 * 2
     bytes_dense = layers * bsz * context * hkv * d * 2 * 2

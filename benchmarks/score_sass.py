@@ -89,10 +89,10 @@ def opcode(ins: str) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
-    ap.add_argument("--int-conversion", default=None, choices=["int8", "ptx", "cast"], help="default: the launcher's choice")
-    ap.add_argument("--num-warps", type=int, default=2)
-    ap.add_argument("--num-stages", type=int, default=3)
-    ap.add_argument("--maxnreg", type=int, default=None)
+    ap.add_argument("--int-conversion", default="int8", choices=["int8", "ptx", "cast"])
+    ap.add_argument("--num-warps", type=int, help="default (and --num-stages, --maxnreg): the launcher's")
+    ap.add_argument("--num-stages", type=int)
+    ap.add_argument("--maxnreg", type=int, help="0: no cap")
     ap.add_argument("--block-pages", type=int, default=None, help="default: the module's BLOCK_PAGES")
     ap.add_argument("--module", help="a score_pages.py to compile instead of the installed one")
     ap.add_argument("--lines", type=int, default=20, help="source lines to list")
@@ -100,7 +100,14 @@ def main():
     module = load_module(args.module)
     _, kv_heads, q_heads, _ = SHAPES[args.shape]
     group = q_heads // kv_heads
-    conversion = args.int_conversion or ("int8" if 2 * group <= 16 else "ptx")
+    conversion = args.int_conversion
+    if hasattr(module, "default_launch"):  # older revisions: 2 warps, 3 stages, no cap
+        warps, stages, maxnreg = module.default_launch(group, conversion == "int8")
+    else:
+        warps, stages, maxnreg = 2, 3, 0
+    args.num_warps = args.num_warps or warps
+    args.num_stages = args.num_stages or stages
+    args.maxnreg = maxnreg if args.maxnreg is None else args.maxnreg
     kernel = compile_score_kernel(module, group, kv_heads, conversion, args.num_warps, args.num_stages,
                                   args.maxnreg, args.block_pages)
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,8 +21,8 @@ import torch
 from sglang_locks.config import LocksConfig
 from sglang_locks.kernels.aggregate_scores import aggregate_scores_triton
 from sglang_locks.kernels.score_pages import chunk_pages_for, score_pages_triton
-from sglang_locks.kernels.selected_indices import selected_indices_triton
-from sglang_locks.selection import select_pages
+from sglang_locks.kernels.selected_indices import SelectionState, selected_indices_triton
+from sglang_locks.selection import select_pages, selected_pages
 
 from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, launch_us, one_layer_inputs
 
@@ -60,7 +60,7 @@ def main():
                                  args.int_conversion.split(","))
         for bp, nw, ns, cp, mr, cvt in grid:
             opts = dict(block_pages=bp, num_warps=nw, num_stages=ns, chunk_pages=cp or None, int_conversion=cvt,
-                        maxnreg=mr or None)
+                        maxnreg=mr)
             row = {"shape": shape, "kernel": "score", **opts}
             try:
                 us = kernel_us(lambda: score_pages_triton(*call, **opts))
@@ -73,20 +73,17 @@ def main():
             rows.append({**row, "us": us, "gbs": moved / us / 1e3, "copy_fraction": moved / us / 1e3 / copy_gbs})
             print(rows[-1], flush=True)
             save()
-        scores, pm, ps = score_pages_triton(*call)
-        indptr = torch.arange(hkv + 1, dtype=torch.int32, device="cuda") * cfg.token_budget
-        indices = torch.empty(hkv * cfg.token_budget, dtype=torch.int32, device="cuda")
-        agg_args = (scores, pm, ps, lens, hkv, 1, 1, "mass")
-        agg = aggregate_scores_triton(*agg_args)
-
-        def select():
-            _, keys, hist = aggregate_scores_triton(*agg_args, keys=True)
-            selected_indices_triton(keys, hist, r2t, rpi, lens, indptr, indices, hkv, cfg.budget_pages)
-
+        scored = score_pages_triton(*call)
+        indptr, _ = selected_pages(lens.cpu(), hkv, cfg.budget_pages)
+        indptr = indptr.to(q.device)
+        indices = torch.empty(int(indptr[-1]), dtype=torch.int32, device=q.device)
+        forced = (hkv, cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
+        agg = aggregate_scores_triton(*scored, lens, *forced)
+        state = SelectionState(hkv, q.device)
         for name, fn in (
-            ("aggregate", lambda: aggregate_scores_triton(*agg_args)),
-            ("aggregate+keys", lambda: aggregate_scores_triton(*agg_args, keys=True)),
-            ("aggregate+select_indices", select),
+            ("aggregate", lambda: aggregate_scores_triton(*scored, lens, *forced)),
+            ("select", lambda: selected_indices_triton(*scored, r2t, rpi, lens, indptr, indices, *forced,
+                                                       cfg.budget_pages, state)),
             ("torch_topk", lambda: select_pages(agg, cfg.budget_pages)),
         ):
             rows.append({"shape": shape, "kernel": name, "us": kernel_us(fn)})

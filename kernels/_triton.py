@@ -12,3 +12,10 @@ def interpreted() -> bool:
 
 def triton_usable(device: torch.device) -> bool:
     return device.type == "cuda" or interpreted()
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of device (4 under the interpreter: small grids)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -13,9 +13,8 @@ kernel's per-chunk partials. Forced pages get +inf (sink pages, the last
 local_pages sealed pages) and pages past the sealed ones -inf, so a plain
 top-k picks forced pages first and never padding.
 
-For the GPU top-k (selected_indices) the kernel can also write each page's
-16-bit selection key (page_key) and count, per row, the keys' high bytes in a
-256-bin histogram (atomics), so that top-k starts with its first radix pass done.
+The decode path's top-k (selected_indices) aggregates with the same device
+functions (row_lse, aggregate_block) and ranks pages by a 16-bit key (page_key).
 """
 
 from __future__ import annotations
@@ -44,22 +43,8 @@ def page_key(agg, offset):
 
 
 @triton.jit
-def _aggregate_kernel(
-    scores_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, out_ptr, keys_ptr, hist_ptr,
-    max_pages, n_chunks, sink_pages, local_pages,
-    HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_A: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr, KEYS: tl.constexpr,
-):
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    b = row // HKV
-    h = row % HKV
-    n_sealed = tl.load(seq_lens_ptr + b) // PAGE
-    g = tl.arange(0, BLOCK_G)
-    gmask = g < G
-    qrows = (b * HKV * G + h * G + g).to(tl.int64)
-
-    # log of each query head's total estimated mass, merged from the chunk partials.
+def row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Log of each query head's total estimated mass [BLOCK_G], merged from the scoring kernel's chunk partials."""
     run_m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     run_s = tl.zeros((BLOCK_G,), tl.float32)
     for start in range(0, n_chunks, BLOCK_N):
@@ -72,9 +57,12 @@ def _aggregate_kernel(
         safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
         run_s = run_s * tl.exp(run_m - safe_m) + tl.sum(ps * tl.exp(pm - safe_m[:, None]), 1)
         run_m = new_m
-    lse = tl.where(run_s > 0, run_m + tl.log(run_s), 0.0)
+    return tl.where(run_s > 0, run_m + tl.log(run_s), 0.0)
 
-    p = chunk * BLOCK_A + tl.arange(0, BLOCK_A)
+
+@triton.jit
+def aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, lse, sink_pages, local_pages, MODE: tl.constexpr):
+    """Aggregated scores of pages p of one (request, KV head): +inf forced, -inf past the sealed pages."""
     valid = p < n_sealed
     s = tl.load(scores_ptr + qrows[:, None] * max_pages + p[None, :],
                 mask=gmask[:, None] & valid[None, :], other=float("-inf"))
@@ -91,50 +79,54 @@ def _aggregate_kernel(
         agg = safe + tl.log(tl.sum(tl.exp(s - safe[None, :]), 0))
     forced = (p < sink_pages) | (p >= n_sealed - local_pages)
     agg = tl.where(forced, float("inf"), agg)
-    agg = tl.where(valid, agg, float("-inf"))
+    return tl.where(valid, agg, float("-inf"))
+
+
+@triton.jit
+def key_offset(lse, gmask, MODE: tl.constexpr, LOG_G: tl.constexpr):
+    """A bound on every page's agg, so that agg - offset <= 0 is the page's share of the group's mass."""
+    if MODE == 0:
+        offset = LOG_G
+    elif MODE == 1:
+        offset = 0.0
+    else:
+        lse_m = tl.max(tl.where(gmask, lse, float("-inf")), 0)
+        offset = lse_m + tl.log(tl.sum(tl.where(gmask, tl.exp(lse - lse_m), 0.0), 0))
+    return offset
+
+
+@triton.jit
+def _aggregate_kernel(
+    scores_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr, out_ptr,
+    max_pages, n_chunks, sink_pages, local_pages,
+    HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    b = row // HKV
+    n_sealed = tl.load(seq_lens_ptr + b) // PAGE
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    qrows = (b * HKV * G + (row % HKV) * G + g).to(tl.int64)
+    lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, BLOCK_G, BLOCK_N)
+    p = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
+    agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, lse, sink_pages, local_pages, MODE)
     tl.store(out_ptr + row.to(tl.int64) * max_pages + p, agg, mask=p < max_pages)
 
-    if KEYS:
-        # A bound on every page's agg, so agg - offset <= 0 is the page's share of the group's mass.
-        if MODE == 0:
-            offset = LOG_G
-        elif MODE == 1:
-            offset = 0.0
-        else:
-            lse_m = tl.max(tl.where(gmask, lse, float("-inf")), 0)
-            offset = lse_m + tl.log(tl.sum(tl.where(gmask, tl.exp(lse - lse_m), 0.0), 0))
-        key = tl.where(valid, page_key(agg, offset), -1)
-        tl.store(keys_ptr + row.to(tl.int64) * max_pages + p, key, mask=p < max_pages)
-        counts = tl.histogram(key >> 8, HIST_BINS, mask=valid)
-        bins = tl.arange(0, HIST_BINS)
-        tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
 
-
-def aggregate_scores_triton(scores, part_max, part_sum, seq_lens, num_kv_heads, sink_pages, local_pages, mode,
-                            keys=False):
-    """scores [B, Hq, P] and the scoring kernel's partials -> agg [B, H_kv, P].
-
-    With keys=True, returns (agg, keys, hist): keys [B * H_kv, P] int32 (page_key,
-    -1 past the sealed pages) and hist [B * H_kv, 256] int32, the count of each
-    key high byte, for selected_indices_triton.
-    """
+def aggregate_scores_triton(scores, part_max, part_sum, seq_lens, num_kv_heads, sink_pages, local_pages, mode):
+    """scores [B, Hq, P] and the scoring kernel's partials -> agg [B, H_kv, P]."""
     bsz, hq, max_pages = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
     out = torch.empty(bsz, num_kv_heads, max_pages, dtype=torch.float32, device=scores.device)
-    if keys:
-        page_keys = torch.empty(rows, max_pages, dtype=torch.int32, device=scores.device)
-        hist = torch.zeros(rows, HIST_BINS.value, dtype=torch.int32, device=scores.device)
-    else:  # never touched by the kernel
-        page_keys = hist = out
     _aggregate_kernel[(rows, triton.cdiv(max_pages, BLOCK_AGG))](
-        scores, part_max, part_sum, seq_lens, out, page_keys, hist,
+        scores, part_max, part_sum, seq_lens, out,
         max_pages, part_max.shape[-1], sink_pages, local_pages,
         HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group), PAGE=16,
-        BLOCK_A=BLOCK_AGG, BLOCK_N=64, MODE=AGGREGATIONS[mode], LOG_G=math.log(group), KEYS=keys,
-        num_warps=4,
+        BLOCK_A=BLOCK_AGG, BLOCK_N=64, MODE=AGGREGATIONS[mode], num_warps=4,
     )
-    return (out, page_keys, hist) if keys else out
+    return out
 
 
 def key_offset_torch(part_max, part_sum, num_kv_heads, mode) -> torch.Tensor:

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import interpreted
+from ._triton import interpreted, num_sms
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -334,16 +334,21 @@ def _score_pages_kernel(
     tl.store(part_sum_ptr + part, run_s)
 
 
-# Defaults: the fastest launch of the H200 sweeps for both G=4 (Llama 128K) and G=16 (GLM 1M),
-# benchmarks/score_sweep.py -> benchmarks/results/score_sweep*.json (int conversion: score_ab.json).
 BLOCK_PAGES = 16
+# (num_warps, num_stages, maxnreg; 0: the compiler's choice): the fastest of the H200 sweep
+# (benchmarks/score_sweep.py -> results/score_sweep.json) for integer dots at G = 4 (Llama 128K,
+# 28.6 us/layer vs 33.2 us uncapped) and G = 16 (GLM 1M, 71.7 vs 73.1 us); float summaries keep
+# the uncapped launch (the cap is untimed there).
+_INT8_LAUNCH = {16: (2, 2, 128), 32: (4, 2, 128)}  # by the dot's query rows: 2G padded to 16
+_FLOAT_LAUNCH = (2, 3, 0)
+
+
+def default_launch(group: int, integer_dots: bool) -> tuple:
+    """(num_warps, num_stages, maxnreg) of the score kernel for G query heads per KV head."""
+    if not integer_dots:
+        return _FLOAT_LAUNCH
+    return _INT8_LAUNCH[max(16, 2 * group)]
 _PROGRAMS_PER_SM = 8
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def row_chunks(n_sealed: int, n_chunks: int, block_pages: int = BLOCK_PAGES) -> int:
@@ -354,7 +359,7 @@ def row_chunks(n_sealed: int, n_chunks: int, block_pages: int = BLOCK_PAGES) -> 
 def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block_pages: int = BLOCK_PAGES) -> int:
     """Pages per program: enough programs to fill the GPU, few enough to amortise q and the loop."""
     blocks = triton.cdiv(max(max_pages, 1), block_pages)
-    chunks_per_row = max(1, min(blocks, triton.cdiv(_PROGRAMS_PER_SM * _num_sms(device), batch_rows)))
+    chunks_per_row = max(1, min(blocks, triton.cdiv(_PROGRAMS_PER_SM * num_sms(device), batch_rows)))
     return triton.cdiv(blocks, chunks_per_row) * block_pages
 
 
@@ -379,8 +384,8 @@ def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, s
 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       block_pages=BLOCK_PAGES, num_warps=2, num_stages=3, chunk_pages=None, int_conversion=None,
-                       maxnreg=None):
+                       block_pages=BLOCK_PAGES, num_warps=None, num_stages=None, chunk_pages=None,
+                       int_conversion="int8", maxnreg=None):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
@@ -388,13 +393,11 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     the unsealed tail included); max_pages >= max(seq_lens) // 16 sizes the
     buffers and the grid (n_chunks = max_pages / chunk_pages programs per row);
     each row's sealed pages are spread over all of its n_chunks (row_chunks).
-    int_conversion: "ptx", "cast" (plain fp16 casts: 1.2-1.5x slower on the
-    H200) or "int8" (integer dots against int8 planes of q, see
-    _int8_query_planes); default int8 where the two planes fit the 16 rows
-    of a dot (G <= 8: 1.2x faster than ptx on the H200 at G=4), else ptx
-    (G=16: int8's 32 rows were 1.1x slower). maxnreg caps the registers per
-    thread (occupancy: 167-255 registers at 2 warps allow 4-6 programs per
-    SM). Returns scores [B, Hq, max_pages] (natural-log mass; entries past a
+    int_conversion: "int8" (integer dots against int8 planes of q, see
+    _int8_query_planes; on the H200 1.2x faster than ptx at G=4, 1.04x at
+    G=16), "ptx" (fp16 dots, int operands converted by PTX) or "cast" (plain
+    fp16 casts: 1.2-1.5x slower). num_warps, num_stages and maxnreg (registers
+    per thread, 0: no cap) default to default_launch's. Returns scores [B, Hq, max_pages] (natural-log mass; entries past a
     request's sealed pages are not written, aggregate_scores masks them) and
     per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
@@ -406,12 +409,14 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     rank_p = triton.next_power_of_2(rank)
     if block_pages * rank_p < 16 or block_pages % max(1, 16 // rank_p):
         raise ValueError(f"block_pages={block_pages} too small for rank {rank}")
-    if int_conversion is None:
-        int_conversion = "int8" if 2 * group <= 16 else "ptx"
     if int_conversion not in CONVERSIONS:
         raise ValueError(f"int_conversion must be one of {sorted(CONVERSIONS)}, got {int_conversion!r}")
     # int8: the basis and centroids meet two int8 planes of q on integer tensor cores (quantised summaries only).
     idot = int_conversion == "int8" and summaries.quantized
+    launch = default_launch(group, idot)
+    num_warps = num_warps or launch[0]
+    num_stages = num_stages or launch[1]
+    maxnreg = launch[2] if maxnreg is None else maxnreg
     chunk = chunk_pages or chunk_pages_for(bsz * hkv, max_pages, q.device, block_pages)
     n_chunks = max(1, triton.cdiv(max_pages, chunk))
     scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
@@ -431,7 +436,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
         num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p, num_stages,
                                                           _shared_memory_per_block(q.device)),
-        **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return scores, part_max, part_sum
 

@@ -1,30 +1,46 @@
-"""selected_indices: top pages of each (request, KV head) -> FlashInfer page-size-1 token indices.
+"""selected_indices: top pages of each (request, KV head) -> FlashInfer page entries, in one launch.
 
-Row (b, h) of the sparse decode attends the selected sealed pages (all of them,
-in logical order, when they fit in the budget) and then the unsealed tail
-tokens. The KV cache [slots, H_kv, d] is viewed as [slots * H_kv, 1, 1, d], so
-token slot s of KV head h is entry s * H_kv + h.
+Output. Row (b, h) of the sparse decode attends 16-token pages of KV head h:
+its selected sealed pages (all of them, in logical order, when they fit in
+the budget), then the unsealed tail page (0-15 tokens; plan() gives FlashInfer
+its length). The token-major cache [slots, H_kv, d] is viewed as pages of one
+KV head (sparse_decode.per_head_pages): entry slot * H_kv + h is the page
+whose first token is slot.
 
-Top-k is a radix select on 16-bit page keys (aggregate_scores.page_key: the
-page's share of its group's estimated mass in steps of 2^-10 nats), spread
-over chunks of CHUNK pages, one program each: aggregate_scores counted the
-keys' high bytes per row; a count pass histograms, per chunk, the low bytes of
-the keys in the boundary bin; the write pass derives the k-th largest key T,
-and each chunk takes its pages with key > T plus, in page order, as many with
-key == T as the budget still holds, at positions that follow from the
-earlier chunks' counts. Pages come out in logical order; the selection is
-deterministic and the exact top-k up to ties within 2^-10 nats.
+Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
+and ranked by 16-bit keys (page_key: the page's share of its group's estimated
+mass in steps of 2^-10 nats); top-k is a radix select over a row's pages,
+which several programs share, in three phases:
+
+  1. each program computes its pages' keys and adds the keys' high bytes to
+     the row's 256-bin histogram (atomics);
+  2. it histograms the low bytes of its keys in the boundary bin;
+  3. it derives the k-th largest key T from the row's histograms and takes its
+     pages with key > T plus, in page order, as many with key == T as the
+     budget still holds, at positions that follow from the earlier programs'
+     counts.
+
+Pages come out in logical order; the selection is deterministic and the exact
+top-k up to ties within 2^-10 nats. Between phases a row's programs wait for
+each other on a counter (spin): selection_parts caps the grid so that all its
+programs are resident at once, which is what keeps the wait from deadlocking.
+The last program of a row to finish clears its histogram and counter for the
+next launch. Triton's interpreter (CPU CI) runs programs one after the other,
+so there the phases are three launches.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
-from .aggregate_scores import HIST_BINS
+from ._triton import interpreted, num_sms
+from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, row_lse
 
-CHUNK = 1024  # pages per program
+PAGE_BLOCK = 1024  # pages a program handles at a time
 
 
 @triton.jit
@@ -37,95 +53,171 @@ def _kth_bin(hist, k):
 
 
 @triton.jit
-def _write_pages(pages, live, pos, req_to_token_ptr, stride_rt, req, indices_ptr, base, h,
-                 HKV: tl.constexpr, PAGE: tl.constexpr):
-    t = tl.arange(0, PAGE)
-    slot = tl.load(req_to_token_ptr + req * stride_rt + pages[:, None] * PAGE + t[None, :], mask=live[:, None], other=0)
-    tl.store(indices_ptr + base + pos[:, None] * PAGE + t[None, :], slot * HKV + h, mask=live[:, None])
+def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
+    """Row barrier: this program's stores are visible to the row's other programs after it."""
+    if SYNC:
+        tl.debug_barrier()  # the whole program's stores precede the arrival (released at GPU scope)
+        tl.atomic_add(arrived_ptr, 1, sem="release", scope="gpu")
+        while tl.atomic_add(arrived_ptr, 0, sem="acquire", scope="gpu") < target:
+            pass
+        tl.debug_barrier()
 
 
 @triton.jit
-def _count_kernel(keys_ptr, stride_k, hist_ptr, low_ptr, above_ptr, seq_lens_ptr, n_chunks, budget_pages,
-                  HKV: tl.constexpr, PAGE: tl.constexpr, CH: tl.constexpr):
-    row = tl.program_id(0)
-    c = tl.program_id(1)
-    n_sealed = tl.load(seq_lens_ptr + row // HKV) // PAGE
-    if (n_sealed > budget_pages) & (c * CH < n_sealed):
-        bins = tl.arange(0, HIST_BINS)
-        hi, _ = _kth_bin(tl.load(hist_ptr + row * HIST_BINS + bins), budget_pages)
-        p = c * CH + tl.arange(0, CH)
-        valid = p < n_sealed
-        key = tl.load(keys_ptr + row.to(tl.int64) * stride_k + p, mask=valid, other=-1)
-        low = tl.histogram(key & 255, HIST_BINS, mask=valid & ((key >> 8) == hi))
-        tl.store(low_ptr + (row * n_chunks + c).to(tl.int64) * HIST_BINS + bins, low)
-        tl.store(above_ptr + row * n_chunks + c, tl.sum((valid & ((key >> 8) > hi)).to(tl.int32), 0))
-
-
-@triton.jit
-def _write_kernel(
-    keys_ptr, stride_k, hist_ptr, low_ptr, above_ptr,
-    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr, n_chunks, budget_pages,
-    HKV: tl.constexpr, PAGE: tl.constexpr, CH: tl.constexpr, CHUNKS_P2: tl.constexpr,
+def _select_kernel(
+    scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks,
+    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr,
+    keys_ptr, hist_ptr, arrived_ptr, low_ptr, above_ptr,
+    sink_pages, local_pages, budget_pages, parts,
+    HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
+    PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
+    PHASE: tl.constexpr, SYNC: tl.constexpr,
 ):
     row = tl.program_id(0)
-    c = tl.program_id(1)
+    part = tl.program_id(1)
     b = row // HKV
     h = row % HKV
     seq_len = tl.load(seq_lens_ptr + b)
     n_sealed = seq_len // PAGE
     req = tl.load(req_pool_ptr + b).to(tl.int64)
+    table = req_to_token_ptr + req * stride_rt
     base = tl.load(indptr_ptr + row).to(tl.int64)
-    count = tl.minimum(n_sealed, budget_pages)
-    p = c * CH + tl.arange(0, CH)
-    valid = p < n_sealed
-    if n_sealed <= budget_pages:
-        _write_pages(p, valid, p, req_to_token_ptr, stride_rt, req, indices_ptr, base, h, HKV, PAGE)
-    elif c * CH < n_sealed:
-        bins = tl.arange(0, HIST_BINS)
-        hi, above_hi = _kth_bin(tl.load(hist_ptr + row * HIST_BINS + bins), budget_pages)
-        cc = tl.arange(0, CHUNKS_P2)
-        used = cc < (n_sealed + CH - 1) // CH
-        lows = tl.load(low_ptr + (row * n_chunks + cc[:, None]).to(tl.int64) * HIST_BINS + bins[None, :],
-                       mask=used[:, None], other=0)                                  # [chunks, 256]
-        lo, above_lo = _kth_bin(tl.sum(lows, 0), budget_pages - above_hi)
-        thr = hi * 256 + lo
-        ties = budget_pages - above_hi - above_lo   # pages with key == thr to take, in page order
-        # Per chunk: keys above thr, keys equal to it; summed over the chunks before this one.
-        above_c = tl.load(above_ptr + row * n_chunks + cc, mask=used, other=0)
-        above_c += tl.sum(tl.where(bins[None, :] > lo, lows, 0), 1)
-        ties_c = tl.sum(tl.where(bins[None, :] == lo, lows, 0), 1)
-        before = cc < c
-        ties_before = tl.sum(tl.where(before, ties_c, 0), 0)
-        taken_before = tl.sum(tl.where(before, above_c, 0), 0) + tl.minimum(ties_before, ties)
-        key = tl.load(keys_ptr + row.to(tl.int64) * stride_k + p, mask=valid, other=-1)
-        tie = (valid & (key == thr)).to(tl.int32)
-        take = (valid & (key > thr)) | ((tie != 0) & (ties_before + tl.cumsum(tie, 0) - tie < ties))
-        take_i = take.to(tl.int32)
-        pos = taken_before + tl.cumsum(take_i, 0) - take_i
-        _write_pages(p, take, pos, req_to_token_ptr, stride_rt, req, indices_ptr, base, h, HKV, PAGE)
-    if c == 0:
-        t = tl.arange(0, PAGE)
+    # The row's sealed pages are split over its parts programs in whole blocks.
+    span = tl.cdiv(tl.cdiv(n_sealed, parts), BLOCK) * BLOCK
+    start = part * span
+    end = tl.minimum(start + span, n_sealed)
+    jb = tl.arange(0, BLOCK)
+    bins = tl.arange(0, HIST_BINS)
+    key_row = keys_ptr + row.to(tl.int64) * max_pages
+
+    if n_sealed <= budget_pages:  # every sealed page, in order (the same for all of the row's programs)
+        if (PHASE == 0) | (PHASE == 3):
+            for p0 in range(start, end, BLOCK):
+                p = p0 + jb
+                live = p < end
+                slot = tl.load(table + p * PAGE, mask=live, other=0)
+                tl.store(indices_ptr + base + p, slot * HKV + h, mask=live)
+    else:
+        if (PHASE == 0) | (PHASE == 1):
+            g = tl.arange(0, BLOCK_G)
+            gmask = g < G
+            qrows = (b * HKV * G + h * G + g).to(tl.int64)
+            lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, BLOCK_G, 64)
+            offset = key_offset(lse, gmask, MODE, LOG_G)
+            for p0 in range(start, end, BLOCK):
+                p = p0 + jb
+                live = p < end
+                agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, lse, sink_pages,
+                                      local_pages, MODE)
+                key = page_key(agg, offset)
+                tl.store(key_row + p, key, mask=live)
+                counts = tl.histogram(key >> 8, HIST_BINS, mask=live)
+                tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
+        _arrive_and_wait(arrived_ptr + row, parts, SYNC)
+
+        hist = tl.load(hist_ptr + row * HIST_BINS + bins, cache_modifier=".cg")
+        hi, above_hi = _kth_bin(hist, budget_pages)
+        part_off = (row * parts + part).to(tl.int64)
+        if (PHASE == 0) | (PHASE == 2):
+            low = tl.zeros((HIST_BINS,), tl.int32)
+            above = 0
+            for p0 in range(start, end, BLOCK):
+                p = p0 + jb
+                live = p < end
+                key = tl.load(key_row + p, mask=live, other=-1)
+                low += tl.histogram(key & 255, HIST_BINS, mask=live & ((key >> 8) == hi))
+                above += tl.sum((live & ((key >> 8) > hi)).to(tl.int32), 0)
+            tl.store(low_ptr + part_off * HIST_BINS + bins, low)
+            tl.store(above_ptr + part_off, above)
+        _arrive_and_wait(arrived_ptr + row, 2 * parts, SYNC)
+
+        if (PHASE == 0) | (PHASE == 3):
+            pp = tl.arange(0, PARTS_P2)
+            used = pp < parts
+            lows = tl.load(low_ptr + (row * parts + pp[:, None]).to(tl.int64) * HIST_BINS + bins[None, :],
+                           mask=used[:, None], other=0, cache_modifier=".cg")     # [parts, 256]
+            lo, above_lo = _kth_bin(tl.sum(lows, 0), budget_pages - above_hi)
+            thr = hi * 256 + lo
+            ties = budget_pages - above_hi - above_lo   # pages with key == thr to take, in page order
+            # Per program: keys above thr, keys equal to it; summed over the programs before this one.
+            above_p = tl.load(above_ptr + row * parts + pp, mask=used, other=0, cache_modifier=".cg")
+            above_p += tl.sum(tl.where(bins[None, :] > lo, lows, 0), 1)
+            ties_p = tl.sum(tl.where(bins[None, :] == lo, lows, 0), 1)
+            before = pp < part
+            ties_seen = tl.sum(tl.where(before, ties_p, 0), 0)
+            taken = tl.sum(tl.where(before, above_p, 0), 0) + tl.minimum(ties_seen, ties)
+            for p0 in range(start, end, BLOCK):
+                p = p0 + jb
+                live = p < end
+                key = tl.load(key_row + p, mask=live, other=-1)
+                tie = (live & (key == thr)).to(tl.int32)
+                take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
+                take_i = take.to(tl.int32)
+                slot = tl.load(table + p * PAGE, mask=take, other=0)
+                tl.store(indices_ptr + base + taken + tl.cumsum(take_i, 0) - take_i, slot * HKV + h, mask=take)
+                taken += tl.sum(take_i, 0)
+                ties_seen += tl.sum(tie, 0)
+        if PHASE == 0:
+            # The last program to finish clears the row's histogram and counter (all others are past
+            # their last read of them).
+            if SYNC:
+                done = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu") == 3 * parts - 1
+            else:
+                done = True
+            if done:
+                tl.store(hist_ptr + row * HIST_BINS + bins, tl.zeros((HIST_BINS,), tl.int32))
+                tl.store(arrived_ptr + row, 0)
+    if (part == 0) & ((PHASE == 0) | (PHASE == 3)):
         tail = seq_len - n_sealed * PAGE
-        slot = tl.load(req_to_token_ptr + req * stride_rt + n_sealed * PAGE + t, mask=t < tail, other=0)
-        tl.store(indices_ptr + base + count * PAGE + t, slot * HKV + h, mask=t < tail)
+        if tail > 0:
+            slot = tl.load(table + n_sealed * PAGE)
+            tl.store(indices_ptr + base + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
 
 
-def selected_indices_triton(keys, hist, req_to_token, req_pool_indices, seq_lens, indptr, indices, num_kv_heads,
-                            budget_pages):
-    """keys [B * H_kv, P] and hist [B * H_kv, 256] from aggregate_scores_triton(keys=True).
-    Writes the token indices of every row at indptr (top pages in logical order, then the tail)."""
-    rows, max_pages = keys.shape
-    n_chunks = max(1, triton.cdiv(max_pages, CHUNK))
-    low = torch.empty(rows, n_chunks, HIST_BINS.value, dtype=torch.int32, device=keys.device)
-    above = torch.empty(rows, n_chunks, dtype=torch.int32, device=keys.device)
-    grid = (rows, n_chunks)
-    _count_kernel[grid](keys, keys.stride(0), hist, low, above, seq_lens, n_chunks, budget_pages,
-                        HKV=num_kv_heads, PAGE=16, CH=CHUNK, num_warps=4)
-    _write_kernel[grid](
-        keys, keys.stride(0), hist, low, above,
-        req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices, n_chunks, budget_pages,
-        HKV=num_kv_heads, PAGE=16, CH=CHUNK, CHUNKS_P2=triton.next_power_of_2(n_chunks), num_warps=8,
-    )
+class SelectionState:
+    """What selected_indices_triton keeps between launches: per row a key histogram and a barrier
+    counter, zero between launches (the kernel clears them). One per stream of launches."""
+
+    def __init__(self, max_rows: int, device) -> None:
+        self.hist = torch.zeros(max_rows, HIST_BINS.value, dtype=torch.int32, device=device)
+        self.arrived = torch.zeros(max_rows, dtype=torch.int32, device=device)
+
+
+def selection_parts(rows: int, max_pages: int, device: torch.device) -> int:
+    """Programs per row: up to one per block of pages, with the grid within 2 programs per SM, which
+    are resident together whatever the kernel's registers (<= 255 x 128 threads each)."""
+    return max(1, min(triton.cdiv(max(max_pages, 1), PAGE_BLOCK), 2 * num_sms(device) // rows))
+
+
+def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
+                            num_kv_heads, sink_pages, local_pages, mode, budget_pages, state: SelectionState):
+    """Select and write page entries, from the scoring kernel's outputs.
+
+    scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton);
+    indptr [B * H_kv + 1] in pages (selection.selected_pages). Writes each row's
+    entries at indptr: its top pages in logical order, then its tail page.
+    """
+    bsz, hq, max_pages = scores.shape
+    group = hq // num_kv_heads
+    rows = bsz * num_kv_heads
+    if rows > state.arrived.numel():
+        raise ValueError(f"{rows} rows exceed the SelectionState's {state.arrived.numel()}")
+    parts = selection_parts(rows, max_pages, scores.device)
+    keys = torch.empty(rows, max_pages, dtype=torch.int32, device=scores.device)
+    low = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
+    above = torch.empty(rows, parts, dtype=torch.int32, device=scores.device)
+    args = (scores, part_max, part_sum, max_pages, part_max.shape[-1],
+            req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices,
+            keys, state.hist, state.arrived, low, above, sink_pages, local_pages, budget_pages, parts)
+    consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group), PAGE=16, BLOCK=PAGE_BLOCK,
+                  PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
+                  LOG_G=math.log(group), num_warps=4)
+    if interpreted():  # programs run one after the other: one launch per phase
+        for phase in (1, 2, 3):
+            _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, **consts)
+        state.hist.zero_()
+    else:
+        _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **consts)
     return indices
 
 
@@ -149,7 +241,7 @@ def select_pages_by_key_torch(agg, key_offset, budget_pages):
 
 
 def selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, num_kv_heads, budget_pages):
-    """Reference: top-k pages sel [B * H_kv, >= budget_pages] -> (indptr [rows + 1], indices), row by row."""
+    """Reference: top-k pages sel [B * H_kv, >= budget_pages] -> (indptr [rows + 1], page entries), row by row."""
     out, lens = [], []
     for b in range(seq_lens.shape[0]):
         seq_len = int(seq_lens[b])
@@ -158,10 +250,10 @@ def selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, num_kv
         for h in range(num_kv_heads):
             row = b * num_kv_heads + h
             pages = torch.arange(n_sealed) if n_sealed <= budget_pages else sel[row, :budget_pages].long().cpu()
-            pos = (pages[:, None] * 16 + torch.arange(16)).reshape(-1)
-            pos = torch.cat([pos, torch.arange(n_sealed * 16, seq_len)]).to(table.device)
-            out.append(table[pos] * num_kv_heads + h)
-            lens.append(pos.numel())
+            if seq_len > n_sealed * 16:
+                pages = torch.cat([pages, torch.tensor([n_sealed])])  # the tail page
+            out.append(table[(pages * 16).to(table.device)] * num_kv_heads + h)
+            lens.append(pages.numel())
     indptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
     indptr[1:] = torch.tensor(lens).cumsum(0)
     return indptr, torch.cat(out).to(torch.int32)

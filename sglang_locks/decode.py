@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from .config import LocksConfig
-from .kernels.aggregate_scores import aggregate_scores_torch, aggregate_scores_triton
+from .kernels.aggregate_scores import aggregate_scores_torch
 from .kernels.score_pages import score_pages_torch, score_pages_triton
-from .kernels.selected_indices import selected_indices_torch, selected_indices_triton
-from .selection import select_pages
+from .kernels.selected_indices import SelectionState, selected_indices_torch, selected_indices_triton
+from .selection import select_pages, selected_pages
 from .sparse_decode import SparseDecodeWrapper, sparse_decode_reference
 from .summaries import PageSummaries
 
@@ -34,13 +34,14 @@ class LocksDecode:
         """score_options: launch options of score_pages_triton (tile sizes, variants) to override its defaults."""
         self.config = config
         self.score_options = dict(score_options or {})
-        max_indices = max_batch_size * num_kv_heads * (config.token_budget + config.page_size - 1)
+        max_indices = max_batch_size * num_kv_heads * (config.budget_pages + 1)
         self.sparse = SparseDecodeWrapper(
             workspace, num_qo_heads, num_kv_heads, head_dim, max_batch_size, max_indices, use_cuda_graph
         )
         self.sm_scale = head_dim**-0.5
         self.max_pages = 0
         self.num_kv_heads = num_kv_heads
+        self.selection_state = SelectionState(max_batch_size * num_kv_heads, workspace.device)
 
     def plan(self, seq_lens_cpu: torch.Tensor, q_dtype, kv_dtype, sm_scale: float = None, max_pages: int = None) -> None:
         """max_pages: width of the score buffers (static under CUDA graphs); default the longest request's."""
@@ -51,12 +52,11 @@ class LocksDecode:
 
     def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens) -> None:
         cfg = self.config
-        parts = score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages, self.sm_scale,
-                                   **self.score_options)
-        _, keys, hist = aggregate_scores_triton(*parts, seq_lens, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
-                                                cfg.gqa_aggregation, keys=True)
-        selected_indices_triton(keys, hist, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr,
-                                self.sparse.indices, self.num_kv_heads, cfg.budget_pages)
+        scored = score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages,
+                                    self.sm_scale, **self.score_options)
+        selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr,
+                                self.sparse.indices, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
+                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state)
 
     def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens):
         """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""
@@ -72,4 +72,5 @@ def locks_decode_reference(q, k_cache, v_cache, summaries, req_to_token, req_poo
     agg = aggregate_scores_torch(scores, seq_lens, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation)
     sel = select_pages(agg, config.budget_pages)
     indptr, indices = selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, hkv, config.budget_pages)
-    return sparse_decode_reference(q, k_cache, v_cache, indptr, indices, hkv, sm_scale)
+    _, last_page_len = selected_pages(seq_lens.cpu(), hkv, config.budget_pages)
+    return sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last_page_len, hkv, sm_scale)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 
 from .config import PAGE_SIZE
@@ -27,8 +29,14 @@ def selected_lengths(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: in
     return lens.repeat_interleave(num_kv_heads)
 
 
-def selection_indptr(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: int) -> torch.Tensor:
-    lens = selected_lengths(seq_lens, num_kv_heads, budget_pages)
-    indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=seq_lens.device)
-    indptr[1:] = lens.cumsum(0)
-    return indptr
+def selected_pages(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's page layout of the rows (request, KV head): page indptr [rows + 1] (the selected
+    sealed pages, then the tail page if any) and the last page's length [rows] (the tail's, or 16
+    when the last page is a sealed one). A function of seq_len alone."""
+    n_sealed = seq_lens.long() // PAGE_SIZE
+    tail = seq_lens.long() - n_sealed * PAGE_SIZE
+    pages = (torch.clamp(n_sealed, max=budget_pages) + (tail > 0).long()).repeat_interleave(num_kv_heads)
+    indptr = torch.zeros(pages.numel() + 1, dtype=torch.int32, device=seq_lens.device)
+    indptr[1:] = pages.cumsum(0)
+    last = torch.where(tail > 0, tail, torch.full_like(tail, PAGE_SIZE)).repeat_interleave(num_kv_heads)
+    return indptr, last.to(torch.int32)

@@ -7,7 +7,7 @@ from helpers import random_cache
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
 from sglang_locks.kernels.selected_indices import selected_indices_torch
-from sglang_locks.selection import selection_indptr
+from sglang_locks.selection import selected_pages
 from sglang_locks.sparse_decode import SparseDecodeWrapper, dense_decode_reference, sparse_decode_reference
 
 pytestmark = pytest.mark.gpu
@@ -34,15 +34,17 @@ def test_sparse_decode_matches_reference(seq_lens, hkv, group):
     cfg = LocksConfig(token_budget=512)
     bsz = len(seq_lens)
     q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
-    dec = SparseDecodeWrapper(_workspace(), hkv * group, hkv, 128, bsz, bsz * hkv * (512 + 15))
+    dec = SparseDecodeWrapper(_workspace(), hkv * group, hkv, 128, bsz, bsz * hkv * (cfg.budget_pages + 1))
     dec.plan(c["seq_lens"].cpu(), cfg.budget_pages, torch.bfloat16, torch.bfloat16, 128**-0.5)
-    # Random page picks per row exercise arbitrary index lists.
+    # Random page picks per row exercise arbitrary page lists.
     max_pages = max(seq_lens) // 16
     sel = torch.stack([torch.randperm(max(max_pages, 1))[: min(cfg.budget_pages, max_pages)] for _ in range(bsz * hkv)])
     indptr, indices = selected_indices_torch(sel, c["req_to_token"].cpu(), c["req_pool_indices"].cpu(), c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    plan_indptr, last_page_len = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    assert torch.equal(indptr, plan_indptr)
     dec.indices[: indices.numel()].copy_(indices)
     out = dec.run(q, c["k_cache"], c["v_cache"])
-    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, indices, hkv, 128**-0.5)
+    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, indices, last_page_len, hkv, 128**-0.5)
     assert _rel(out, ref) < 1e-2
 
 
@@ -56,10 +58,10 @@ def test_locks_step_matches_reference(seq_lens, hkv, group, precision):
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, bsz)
     dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
     out = dec.run(q, c["k_cache"], c["v_cache"], c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
-    indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    indptr, last_page_len = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
     got = dec.sparse.indices[: int(indptr[-1])].cpu()
     # Attention over the pages the GPU picked, within bf16 precision.
-    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, got, hkv, 128**-0.5)
+    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, got, last_page_len, hkv, 128**-0.5)
     assert _rel(out, ref) < 1e-2
     # The picks agree with the float64 reference's but for near-ties.
     _, want = selected_indices_reference(q, c, cfg)
@@ -111,6 +113,7 @@ def test_cuda_graph_replay_follows_new_inputs():
         graph.replay()
         eager = dec.run(q.clone(), *args)
         assert torch.equal(out, eager)
-        indptr = selection_indptr(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
-        ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, dec.sparse.indices[: int(indptr[-1])], hkv, 128**-0.5)
+        indptr, last_page_len = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+        ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, dec.sparse.indices[: int(indptr[-1])],
+                                      last_page_len, hkv, 128**-0.5)
         assert _rel(out, ref) < 1e-2

@@ -1,4 +1,4 @@
-"""The GPU build of the score kernel (sm_90), checked on any machine with Triton's bundled ptxas.
+"""The GPU builds of the score and selection kernels (sm_90), checked on any machine with Triton's bundled ptxas.
 
 CI has no GPU: the Triton interpreter runs the kernels there, so the code that
 only a GPU compiles (inline PTX conversions, the SFU log2) is built here for
@@ -34,3 +34,33 @@ def test_score_kernel_builds_for_sm90(group, kv_heads, conversion):
     assert sfu_log2 == "True"  # log2 on the SFU, not libdevice
     assert int4_to_int8 == str(conversion == "int8")  # the nibble shift in PTX on the int8 path only
     assert int4_to_f16 == str(conversion == "ptx")  # the magic-number conversion on the ptx path only
+
+
+SELECT_BUILD = """
+import math
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang_locks.kernels import selected_indices as m
+fn = m._select_kernel
+names = fn.arg_names
+consts = dict(HKV=8, G=4, BLOCK_G=4, PAGE=16, BLOCK=m.PAGE_BLOCK, PARTS_P2=8, MODE=0, LOG_G=math.log(4), PHASE=0,
+              SYNC=True)
+floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
+sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else "*i32" if n.endswith("_ptr") else "i32"
+       for n in names}
+src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
+print("atom.global.gpu.release.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx)
+"""
+
+
+def test_selection_kernel_builds_for_sm90_with_its_row_barrier():
+    """The spin barrier only exists in the GPU build (the interpreter runs the phases as launches)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", SELECT_BUILD], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    release, acquire, l2_loads = out.stdout.split()
+    assert release == "True"  # arrival publishes the program's stores at GPU scope
+    assert acquire == "True"  # the wait reads the counter with acquire semantics
+    assert l2_loads == "True"  # other programs' histograms are read from L2, not a stale L1

@@ -9,7 +9,6 @@ from sglang_locks.kernels.aggregate_scores import (
     aggregate_scores_torch,
     aggregate_scores_triton,
     key_offset_torch,
-    page_key_torch,
 )
 from sglang_locks.kernels.score_pages import pipeline_stages, row_chunks, score_pages_torch, score_pages_triton
 from sglang_locks.scoring import score_pages
@@ -72,29 +71,18 @@ def test_aggregate_kernel_matches_reference(mode, seq_lens, hkv, group, device):
     max_pages = max(seq_lens) // 16 + 1
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
     scores, part_max, part_sum = score_pages_triton(q, *args, chunk_pages=48)
-    got, keys, hist = aggregate_scores_triton(scores, part_max, part_sum, c["seq_lens"], hkv, 2, 1, mode, keys=True)
+    got = aggregate_scores_triton(scores, part_max, part_sum, c["seq_lens"], hkv, 2, 1, mode)
     past_sealed = torch.arange(max_pages, device=device) >= (c["seq_lens"].long() // 16)[:, None, None]
     ref = aggregate_scores_torch(scores.double().masked_fill(past_sealed, float("-inf")), c["seq_lens"], hkv, 2, 1, mode)
     assert torch.equal(got == float("inf"), ref == float("inf"))
     assert torch.equal(got == float("-inf"), ref == float("-inf"))
     fin = torch.isfinite(ref)
     assert torch.allclose(got[fin].double(), ref[fin], atol=1e-4, rtol=1e-4)
-    # Page keys of the kernel's own agg, -1 past the sealed pages; the histogram counts their high bytes.
+    # The selection keys' offset bounds every free page's agg: agg - offset is a share of the group's mass.
     offset = key_offset_torch(part_max.cpu(), part_sum.cpu(), hkv, mode)
     flat = got.view(len(seq_lens) * hkv, -1).cpu()
     free = torch.isfinite(flat)
-    assert (flat <= offset[:, None] + 1e-4)[free].all()  # agg - offset is a share of the group's mass
-    live = flat > float("-inf")
-    want = torch.where(live, page_key_torch(flat, offset), torch.full_like(live, -1, dtype=torch.int64))
-    # The kernel's offset is float32 math, the reference's float64: a key may differ by one
-    # where its unrounded value lies within 1e-2 of an integer step (2^-10 nats apart).
-    unrounded = (flat.double() - offset[:, None] + 64) * 1024
-    at_step = (unrounded - unrounded.round()).abs() < 1e-2
-    diff = (keys.cpu().long() - want).abs()
-    assert ((diff == 0) | (at_step & live & (diff == 1))).all()
-    want = keys.cpu().long()  # the histogram counts the kernel's own keys
-    for row in range(flat.shape[0]):
-        assert torch.equal(hist[row].cpu().long(), torch.bincount(want[row][live[row]] >> 8, minlength=256))
+    assert (flat <= offset[:, None] + 1e-4)[free].all()
 
 
 def test_forced_pages_and_padding():
