@@ -42,6 +42,12 @@ def page_key(agg, offset):
     return tl.where(agg == float("inf"), 65535, key)
 
 
+def partials_block(n_chunks: int, group: int) -> int:
+    """Chunk partials row_lse loads at once: all of them where [G, n] stays within 4096 values (the
+    loop's iterations are dependent round trips to memory)."""
+    return max(16, min(triton.next_power_of_2(n_chunks), 4096 // triton.next_power_of_2(group)))
+
+
 @triton.jit
 def row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
     """Log of each query head's total estimated mass [BLOCK_G], merged from the scoring kernel's chunk partials."""
@@ -124,7 +130,7 @@ def aggregate_scores_triton(scores, part_max, part_sum, seq_lens, num_kv_heads, 
         scores, part_max, part_sum, seq_lens, out,
         max_pages, part_max.shape[-1], sink_pages, local_pages,
         HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group), PAGE=16,
-        BLOCK_A=BLOCK_AGG, BLOCK_N=64, MODE=AGGREGATIONS[mode], num_warps=4,
+        BLOCK_A=BLOCK_AGG, BLOCK_N=partials_block(part_max.shape[-1], group), MODE=AGGREGATIONS[mode], num_warps=4,
     )
     return out
 

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ._triton import interpreted, num_sms
-from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, row_lse
+from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, partials_block, row_lse
 
 PAGE_BLOCK = 1024  # pages a program handles at a time
 
@@ -69,8 +69,8 @@ def _select_kernel(
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr,
     keys_ptr, hist_ptr, arrived_ptr, low_ptr, above_ptr,
     sink_pages, local_pages, budget_pages, parts,
-    HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
-    PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
+    HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
     PHASE: tl.constexpr, SYNC: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -102,7 +102,7 @@ def _select_kernel(
             g = tl.arange(0, BLOCK_G)
             gmask = g < G
             qrows = (b * HKV * G + h * G + g).to(tl.int64)
-            lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, BLOCK_G, 64)
+            lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, BLOCK_G, BLOCK_N)
             offset = key_offset(lse, gmask, MODE, LOG_G)
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
@@ -209,7 +209,8 @@ def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_i
     args = (scores, part_max, part_sum, max_pages, part_max.shape[-1],
             req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices,
             keys, state.hist, state.arrived, low, above, sink_pages, local_pages, budget_pages, parts)
-    consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group), PAGE=16, BLOCK=PAGE_BLOCK,
+    consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
+                  BLOCK_N=partials_block(part_max.shape[-1], group), PAGE=16, BLOCK=PAGE_BLOCK,
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
                   LOG_G=math.log(group), num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase

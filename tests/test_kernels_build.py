@@ -44,8 +44,8 @@ from triton.compiler import ASTSource
 from sglang_locks.kernels import selected_indices as m
 fn = m._select_kernel
 names = fn.arg_names
-consts = dict(HKV=8, G=4, BLOCK_G=4, PAGE=16, BLOCK=m.PAGE_BLOCK, PARTS_P2=8, MODE=0, LOG_G=math.log(4), PHASE=0,
-              SYNC=True)
+consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, PARTS_P2=8, MODE=0,
+              LOG_G=math.log(4), PHASE=0, SYNC=True)
 floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
 sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else "*i32" if n.endswith("_ptr") else "i32"
        for n in names}
