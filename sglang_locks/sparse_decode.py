@@ -77,7 +77,8 @@ class SparseDecodeWrapper:
         if total > self.indices.numel():
             raise ValueError(f"{total} selected pages exceed max_indices={self.indices.numel()}")
         self.rows = rows
-        self.indptr[: rows + 1].copy_(indptr, non_blocking=True)
+        if self._graph_rows is None:  # under CUDA graphs FlashInfer's plan copies into this same buffer
+            self.indptr[: rows + 1].copy_(indptr, non_blocking=True)
         self.wrapper.plan(
             indptr,
             self.indices[:total],
