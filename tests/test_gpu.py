@@ -117,3 +117,40 @@ def test_cuda_graph_replay_follows_new_inputs():
         ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, dec.sparse.indices[: int(indptr[-1])],
                                       last_page_len, hkv, 128**-0.5)
         assert _rel(out, ref) < 1e-2
+
+
+def test_cuda_graph_steps_replan_only_when_pages_change():
+    """Decode steps of growing requests under one captured graph: FlashInfer plans again only when a
+    row's page count changes (the last page's length is read from the buffer), and every step
+    attends what the reference does."""
+    hkv, group, steps = 4, 4, 5
+    base = [16 * 300 + 13, 16 * 20 + 14]  # over the budget (its page count is fixed), under it (grows)
+    c = random_cache([n + steps for n in base], hkv, 128, device="cuda", seed=4)
+    start = c["seq_lens"].cpu() - steps  # the cache's (shuffled) order
+    cfg = LocksConfig(token_budget=512)
+    dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
+    plans = []
+    flashinfer_plan = dec.sparse.wrapper.plan
+    dec.sparse.wrapper.plan = lambda *a, **k: plans.append(1) or flashinfer_plan(*a, **k)
+    seq_lens = start.to("cuda", torch.int32)
+    q = torch.randn(2, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
+    max_pages = int(c["seq_lens"].max()) // 16
+    args = (c["k_cache"], c["v_cache"], c["summaries"], c["req_to_token"], c["req_pool_indices"], seq_lens)
+    dec.plan(start, torch.bfloat16, torch.bfloat16, max_pages=max_pages)
+    dec.run(q, *args)  # warm up (compiles)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dec.run(q, *args)
+    for t in range(steps):
+        lens = start + t
+        dec.plan(lens, torch.bfloat16, torch.bfloat16, max_pages=max_pages)
+        seq_lens.copy_(lens)
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        indptr, last_page_len = selected_pages(lens, hkv, cfg.budget_pages)
+        ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, dec.sparse.indices[: int(indptr[-1])],
+                                      last_page_len, hkv, 128**-0.5)
+        assert _rel(out, ref) < 1e-2, t
+    # Pages per row (the request over / under the budget of 32 pages), before the loop and at t = 0..4:
+    # 33/21, then 33/21, 33/21, 33/21 (16 * 21: no tail), 32/22, 33/22 -> plans before it, at t = 3 and 4.
+    assert len(plans) == 3
