@@ -84,6 +84,7 @@ def test_bad_precision_rejected_by_the_parser(capsys):
     (["--enable-hierarchical-cache"], "--enable-hierarchical-cache"),
     (["--dcp-size", "2"], "--dcp-size 2"),
     (["--disaggregation-mode", "decode"], "--disaggregation-mode decode"),
+    (["--enable-pdmux"], "--enable-pdmux"),
 ])
 def test_unsupported_combinations_fail_naming_the_flag(flags, named):
     with pytest.raises(ValueError, match=f"--enable-locks does not support {named}"):

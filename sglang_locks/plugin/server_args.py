@@ -107,6 +107,9 @@ def _reject_unsupported(ns: argparse.Namespace) -> None:
         fail("--enable-hisparse", "another sparse attention")
     if ns.dcp_size > 1:
         fail(f"--dcp-size {ns.dcp_size}", "pages are split across ranks")
+    if getattr(ns, "enable_pdmux", False):
+        # Its programs of one row wait for each other, sized for every SM of the device.
+        fail("--enable-pdmux", "the LOCKS selection kernel needs the whole GPU, not a green-context SM partition")
     if ns.disaggregation_mode != "null":
         fail(f"--disaggregation-mode {ns.disaggregation_mode}", "transferred KV arrives without summaries")
 
