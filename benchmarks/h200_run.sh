@@ -10,7 +10,8 @@
 #            shared-prefix reuse (~3.5 min)
 #   build    summary-build benchmark                                    -> summary_build.json
 #   e2e      SGLang decode, FullKV vs --enable-locks (args go to         -> e2e_decode.json, e2e_logs/
-#            e2e_decode.py, e.g. --case synthetic:llama8b:1; the whole plan needs ~20 min: split it)
+#            e2e_decode.py, e.g. --case synthetic:llama8b:1; the whole plan needs ~20 min: split it;
+#            run through e2e_host_times.py: the worker logs carry per-step host times)
 # GIT_REV is recorded in the JSON headers (the device copy's git metadata can lag the tree).
 set -o pipefail
 phase=${1:?usage: h200_run.sh tests|kernels|server|build|e2e [args...]}
@@ -34,7 +35,8 @@ server)
 build)
     python3 benchmarks/summary_build.py --out "$OUT/summary_build.json" 2>&1 | tee "$OUT/summary_build.log" ;;
 e2e)
-    python3 benchmarks/e2e_decode.py --out "$OUT/e2e_decode.json" --log-dir "$OUT/e2e_logs" "$@" 2>&1 | tee "$OUT/e2e_decode.log" ;;
+    # e2e_decode.py, with each step's planning host time in the worker logs
+    python3 benchmarks/e2e_host_times.py --out "$OUT/e2e_decode.json" --log-dir "$OUT/e2e_logs" "$@" 2>&1 | tee "$OUT/e2e_decode.log" ;;
 *)
     echo "unknown phase $phase" >&2; exit 2 ;;
 esac

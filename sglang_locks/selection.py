@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
+import numpy as np
 import torch
 
 from .config import PAGE_SIZE
@@ -32,11 +33,12 @@ def selected_lengths(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: in
 def selected_pages(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """FlashInfer's page layout of the rows (request, KV head): page indptr [rows + 1] (the selected
     sealed pages, then the tail page if any) and the last page's length [rows] (the tail's, or 16
-    when the last page is a sealed one). A function of seq_len alone."""
-    n_sealed = seq_lens.long() // PAGE_SIZE
-    tail = seq_lens.long() - n_sealed * PAGE_SIZE
-    pages = (torch.clamp(n_sealed, max=budget_pages) + (tail > 0).long()).repeat_interleave(num_kv_heads)
-    indptr = torch.zeros(pages.numel() + 1, dtype=torch.int32, device=seq_lens.device)
-    indptr[1:] = pages.cumsum(0)
-    last = torch.where(tail > 0, tail, torch.full_like(tail, PAGE_SIZE)).repeat_interleave(num_kv_heads)
-    return indptr, last.to(torch.int32)
+    when the last page is a sealed one), int32 on the CPU. A function of seq_len alone; computed
+    once per decode step on the host, in numpy (a dozen small torch ops cost ~0.1 ms there)."""
+    n = seq_lens.cpu().numpy().astype(np.int64)
+    n_sealed, tail = np.divmod(n, PAGE_SIZE)
+    pages = np.repeat(np.minimum(n_sealed, budget_pages) + (tail > 0), num_kv_heads)
+    indptr = np.zeros(pages.size + 1, dtype=np.int32)
+    np.cumsum(pages, out=indptr[1:])
+    last = np.repeat(np.where(tail > 0, tail, PAGE_SIZE), num_kv_heads).astype(np.int32)
+    return torch.from_numpy(indptr), torch.from_numpy(last)

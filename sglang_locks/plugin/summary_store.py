@@ -137,9 +137,10 @@ class SummaryStore:
     # ------------------------------------------------------------------ decode
     def record_decode_seals(self, req_to_token, req_pool_indices, seq_lens_cpu) -> None:
         """A decode step whose seq_len (this step's token included) is a multiple of 16 seals that page."""
-        seals = (seq_lens_cpu % PAGE_SIZE == 0) & (seq_lens_cpu > 0)
-        if not bool(seals.any()):
+        n = seq_lens_cpu.numpy()
+        if not ((n % PAGE_SIZE == 0) & (n > 0)).any():  # numpy: most steps seal nothing, cheaply
             return
+        seals = (seq_lens_cpu % PAGE_SIZE == 0) & (seq_lens_cpu > 0)
         idx = seals.nonzero().flatten()
         device = req_to_token.device
         last = (seq_lens_cpu[idx] - 1).to(torch.int64).to(device, non_blocking=True)
