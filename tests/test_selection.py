@@ -19,7 +19,7 @@ from sglang_locks.kernels.selected_indices import (
     selection_parts,
 )
 from sglang_locks.selection import select_pages, selected_pages
-from sglang_locks.sparse_decode import dense_decode_reference, sparse_decode_reference
+from sglang_locks.sparse_decode import dense_decode_reference, per_head_pages, sparse_decode_reference
 
 
 def _agg(seq_lens, hkv, cfg, seed=0):
@@ -200,3 +200,16 @@ def test_selected_pages_layout():
     indptr, last = selected_pages(torch.tensor([16 * 300 + 5, 16 * 7, 9, 0]), 2, 128)
     assert indptr.tolist() == [0, 129, 258, 265, 272, 273, 274, 274, 274]
     assert last.tolist() == [5, 5, 16, 16, 9, 9, 16, 16]
+
+
+def test_selection_state_and_cache_layout_are_checked():
+    scored = _scored([16 * 40], 2, 4, seed=0)
+    c = random_cache([16 * 40], 2, 64)
+    with pytest.raises(ValueError, match="exceed the SelectionState"):
+        _select(c, scored, 2, LocksConfig(token_budget=160), SelectionState(1, "cpu"))
+    cache = torch.zeros(64, 2, 8)
+    view = per_head_pages(cache)
+    cache[16 + 3, 1] = 1.0  # token 3 of the page of head 1 starting at slot 16: entry 16 * 2 + 1
+    assert view.shape == ((64 - 15) * 2, 16, 1, 8) and view[16 * 2 + 1, 3, 0].sum() == 8
+    with pytest.raises(ValueError, match="contiguous"):
+        per_head_pages(cache.transpose(0, 1).contiguous().transpose(0, 1))
