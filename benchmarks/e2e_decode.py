@@ -67,7 +67,7 @@ def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget
         return [sys.executable, "-c", LOAD_PLUGINS_THEN.format("sglang.bench_one_batch"), *flags,
                 "--batch-size", str(batch), "--input-len", *map(str, contexts), "--output-len", str(OUTPUT_LEN),
                 "--run-name", mode, "--result-filename", result]
-    profile = ["--profile-dir", profile_dir, "--profile-tag", f"{shape}_bs{batch}_{mode}"] if profile_dir else []
+    profile = ["--profile-dir", profile_dir, "--profile-tag", f"{shape}_bs{batch}_{max(contexts)}_{mode}"] if profile_dir else []
     return [sys.executable, os.path.abspath(__file__), "--synthetic-worker", "--result", result,
             "--batch", str(batch), "--contexts", ",".join(map(str, contexts)), *profile, "--", *flags]
 
@@ -98,19 +98,27 @@ def merge_rows(tool: str, shape: str, batch: int, contexts: list, budget: int, f
 
 
 def selected_cases(only, cases) -> list:
-    """PLAN rows picked by --only / --case TOOL:SHAPE:BATCH[:CTX,CTX...] (contexts: a subset of the row's)."""
-    wanted = {}
-    for case in cases or []:
-        tool, shape, batch, *ctx = case.split(":")
-        wanted[(tool, shape, int(batch))] = set(map(int, ctx[0].split(","))) if ctx else None
+    """PLAN rows picked by --only / --case TOOL:SHAPE:BATCH[:CTX,CTX...] (contexts: a subset of the row's).
+
+    Each --case is its own run, in its own processes sized for its longest
+    context: `--case synthetic:llama8b:1:131072 --case synthetic:llama8b:1:262144`
+    measures 128K on a 129K-context server and 256K on a 257K one.
+    """
+    if not cases:
+        return [row for row in PLAN if not only or row[0] == only]
     picked = []
-    for tool, shape, batch, contexts in PLAN:
-        if only and tool != only or cases and (tool, shape, batch) not in wanted:
-            continue
-        if wanted.get((tool, shape, batch)):
-            contexts = [c for c in contexts if c in wanted[(tool, shape, batch)]]
-        if contexts:
-            picked.append((tool, shape, batch, contexts))
+    for case in cases:
+        tool, shape, batch, *ctx = case.split(":")
+        rows = [row for row in PLAN if row[:3] == (tool, shape, int(batch)) and (not only or tool == only)]
+        if not rows:
+            raise ValueError(f"--case {case}: no such TOOL:SHAPE:BATCH in the plan")
+        contexts = rows[0][3]
+        if ctx:
+            want = set(map(int, ctx[0].split(",")))
+            contexts = [c for c in contexts if c in want]
+        if not contexts:
+            raise ValueError(f"--case {case}: contexts must be among {rows[0][3]}")
+        picked.append((tool, shape, int(batch), contexts))
     return picked
 
 
@@ -132,7 +140,7 @@ def run_plan(args) -> list:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             log = proc.stdout + proc.stderr
             if args.log_dir:
-                with open(os.path.join(args.log_dir, f"{tool}_{shape}_bs{batch}_{mode}.log"), "w") as f:
+                with open(os.path.join(args.log_dir, f"{tool}_{shape}_bs{batch}_{max(contexts)}_{mode}.log"), "w") as f:
                     f.write(log)
             medians[mode] = read_medians(result)
             if proc.returncode:
@@ -247,7 +255,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="e2e_decode.json")
     p.add_argument("--only", choices=["bench_one_batch", "synthetic"])
     p.add_argument("--case", action="append", help="TOOL:SHAPE:BATCH[:CONTEXTS], e.g. bench_one_batch:llama8b:1:131072 "
-                   "(repeatable; contexts: a comma-separated subset of the plan's; default: the whole plan, ~20 min)")
+                   "(repeatable, each case its own server processes; contexts: a comma-separated subset of the "
+                   "plan's; default: the whole plan, ~20 min)")
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--timeout", type=int, default=1800, help="seconds per SGLang process")
     p.add_argument("--log-dir", help="keep each SGLang process's log here")
@@ -266,6 +275,10 @@ def main(argv=None) -> int:
     if args.synthetic_worker:
         synthetic_worker(args, sglang_argv)
         return 0
+    try:
+        selected_cases(args.only, args.case)
+    except ValueError as e:
+        p.error(str(e))
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
     result = dict(header(argv), rows=run_plan(args))
