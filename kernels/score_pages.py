@@ -348,6 +348,8 @@ def default_launch(group: int, integer_dots: bool) -> tuple:
     if not integer_dots:
         return _FLOAT_LAUNCH
     return _INT8_LAUNCH[max(16, 2 * group)]
+
+
 _PROGRAMS_PER_SM = 8
 
 
@@ -397,9 +399,10 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     _int8_query_planes; on the H200 1.2x faster than ptx at G=4, 1.04x at
     G=16), "ptx" (fp16 dots, int operands converted by PTX) or "cast" (plain
     fp16 casts: 1.2-1.5x slower). num_warps, num_stages and maxnreg (registers
-    per thread, 0: no cap) default to default_launch's. Returns scores [B, Hq, max_pages] (natural-log mass; entries past a
-    request's sealed pages are not written, aggregate_scores masks them) and
-    per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
+    per thread, 0: no cap) default to default_launch's. Returns scores
+    [B, Hq, max_pages] (natural-log mass; entries past a request's sealed
+    pages are not written, aggregate_scores masks them) and per-chunk
+    (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
     """
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank

@@ -72,5 +72,5 @@ def locks_decode_reference(q, k_cache, v_cache, summaries, req_to_token, req_poo
     agg = aggregate_scores_torch(scores, seq_lens, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation)
     sel = select_pages(agg, config.budget_pages)
     indptr, indices = selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, hkv, config.budget_pages)
-    _, last_page_len = selected_pages(seq_lens.cpu(), hkv, config.budget_pages)
+    _, last_page_len = selected_pages(seq_lens, hkv, config.budget_pages)
     return sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last_page_len, hkv, sm_scale)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import weakref
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..config import PAGE_SIZE, LocksConfig
@@ -137,17 +138,16 @@ class SummaryStore:
     # ------------------------------------------------------------------ decode
     def record_decode_seals(self, req_to_token, req_pool_indices, seq_lens_cpu) -> None:
         """A decode step whose seq_len (this step's token included) is a multiple of 16 seals that page."""
-        n = seq_lens_cpu.numpy()
-        if not ((n % PAGE_SIZE == 0) & (n > 0)).any():  # numpy: most steps seal nothing, cheaply
+        n = seq_lens_cpu.numpy()  # numpy: small torch ops on the host cost more, every step
+        idx = np.flatnonzero((n % PAGE_SIZE == 0) & (n > 0))
+        if idx.size == 0:
             return
-        seals = (seq_lens_cpu % PAGE_SIZE == 0) & (seq_lens_cpu > 0)
-        idx = seals.nonzero().flatten()
         device = req_to_token.device
-        last = (seq_lens_cpu[idx] - 1).to(torch.int64).to(device, non_blocking=True)
-        req = req_pool_indices[idx.to(device, non_blocking=True)].to(torch.int64)
+        last = torch.from_numpy(n[idx].astype(np.int64) - 1).to(device, non_blocking=True)
+        req = req_pool_indices[torch.from_numpy(idx).to(device, non_blocking=True)].to(torch.int64)
         pages = req_to_token[req, last].to(torch.int64) // PAGE_SIZE
         self._pending.append((pages, self.page_generation[pages].clone()))
-        self.built_pages += idx.numel()
+        self.built_pages += idx.size
 
     def flush_pending(self, kv_pool) -> None:
         """Summarise, for every LOCKS layer at once, the pages sealed by earlier decode steps."""
