@@ -17,7 +17,9 @@ Two tools, both SGLang's model runner with dummy weights:
 Each (model, mode, batch) runs in its own process; rows with a failure carry
 ``error``. Output: header ``gpu``, ``git``, ``date``, ``command``; ``rows`` with
 ``shape``, ``batch``, ``context``, ``budget``, ``fullkv_ms``, ``locks_ms``,
-``speedup``, ``tool``.
+``speedup`` (median decode step), ``fullkv_mean_ms``, ``locks_mean_ms``,
+``speedup_mean`` (mean step, synthetic only: it counts the steps that
+summarise decode-sealed pages), ``tool``.
 """
 
 from __future__ import annotations
@@ -72,25 +74,31 @@ def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget
             "--batch", str(batch), "--contexts", ",".join(map(str, contexts)), *profile, "--", *flags]
 
 
-def read_medians(result: str) -> dict:
-    """context -> median decode ms/step, from bench_one_batch's jsonl or the synthetic worker's."""
+def read_step_times(result: str) -> dict:
+    """context -> (median, mean) decode ms/step from bench_one_batch's jsonl (no mean there: None)
+    or the synthetic worker's."""
     out = {}
     if not os.path.exists(result):
         return out
     with open(result) as f:
         for line in f:
             r = json.loads(line)
-            out[int(r["input_len"])] = 1000 * float(r["median_decode_latency"])
+            mean = r.get("mean_decode_latency")
+            out[int(r["input_len"])] = (1000 * float(r["median_decode_latency"]),
+                                        None if mean is None else 1000 * float(mean))
     return out
 
 
 def merge_rows(tool: str, shape: str, batch: int, contexts: list, budget: int, fullkv: dict, locks: dict,
                errors: dict) -> list:
+    def ratio(a, b):
+        return round(a / b, 3) if a and b else None
+
     rows = []
     for c in contexts:
-        f, l = fullkv.get(c), locks.get(c)
-        row = dict(shape=shape, batch=batch, context=c, budget=budget, fullkv_ms=f, locks_ms=l,
-                   speedup=round(f / l, 3) if f and l else None, tool=tool)
+        (f, f_mean), (l, l_mean) = fullkv.get(c, (None, None)), locks.get(c, (None, None))
+        row = dict(shape=shape, batch=batch, context=c, budget=budget, fullkv_ms=f, locks_ms=l, speedup=ratio(f, l),
+                   fullkv_mean_ms=f_mean, locks_mean_ms=l_mean, speedup_mean=ratio(f_mean, l_mean), tool=tool)
         if f is None or l is None:
             row["error"] = "; ".join(f"{m}: {e}" for m, e in errors.items()) or "no result"
         rows.append(row)
@@ -125,7 +133,7 @@ def selected_cases(only, cases) -> list:
 def run_plan(args) -> list:
     rows = []
     for tool, shape, batch, contexts in selected_cases(args.only, args.case):
-        medians, errors = {}, {}
+        times, errors = {}, {}
         for mode in ("fullkv", "locks"):
             with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
                 result = f.name
@@ -134,7 +142,7 @@ def run_plan(args) -> list:
                           args.log_dir if args.profile else None)
             print("e2e_decode:", " ".join(cmd), flush=True)
             if args.dry_run:
-                medians[mode] = {}
+                times[mode] = {}
                 continue
             t0 = time.time()
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -142,12 +150,12 @@ def run_plan(args) -> list:
             if args.log_dir:
                 with open(os.path.join(args.log_dir, f"{tool}_{shape}_bs{batch}_{max(contexts)}_{mode}.log"), "w") as f:
                     f.write(log)
-            medians[mode] = read_medians(result)
+            times[mode] = read_step_times(result)
             if proc.returncode:
                 errors[mode] = f"exit {proc.returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}"
-            print(f"e2e_decode: {tool} {shape} bs={batch} {mode}: {medians[mode]} ({time.time() - t0:.0f} s)",
+            print(f"e2e_decode: {tool} {shape} bs={batch} {mode}: {times[mode]} ({time.time() - t0:.0f} s)",
                   flush=True)
-        rows += merge_rows(tool, shape, batch, contexts, args.budget, medians["fullkv"], medians["locks"], errors)
+        rows += merge_rows(tool, shape, batch, contexts, args.budget, times["fullkv"], times["locks"], errors)
     return rows
 
 
@@ -198,10 +206,14 @@ def synthetic_worker(args, sglang_argv) -> None:
             next_ids, _ = runner.decode(next_ids, batch)
             runner.synchronize()
             steps.append(time.perf_counter() - t0)
-        median = statistics.median(steps[3:])  # the first steps include one-off work
-        print(f"synthetic: batch {args.batch} context {context}: median decode {1000 * median:.3f} ms", flush=True)
+        # The first steps include one-off work. The mean counts the steps that summarise pages
+        # sealed by decode (one in 16 per request), which the median skips.
+        median, mean = statistics.median(steps[3:]), statistics.mean(steps[3:])
+        print(f"synthetic: batch {args.batch} context {context}: median decode {1000 * median:.3f} ms, "
+              f"mean {1000 * mean:.3f} ms, max {1000 * max(steps[3:]):.3f} ms", flush=True)
         with open(args.result, "a") as f:
-            f.write(json.dumps(dict(batch_size=args.batch, input_len=context, median_decode_latency=median)) + "\n")
+            f.write(json.dumps(dict(batch_size=args.batch, input_len=context, median_decode_latency=median,
+                                    mean_decode_latency=mean)) + "\n")
         if args.profile_dir:
             profile_steps(runner, next_ids, batch, os.path.join(
                 args.profile_dir, f"profile_{args.profile_tag}_{context}.txt"))

@@ -37,11 +37,12 @@ from typing import Tuple
 import torch
 
 from .config import PAGE_SIZE, SUMMARY_PRECISIONS
+from .kernels.page_eigh import page_eigh_torch, page_eigh_triton
 
 # Singular values below this fraction of the page's largest carry no signal
 # (repeated tokens, padding); their basis rows are zeroed instead of amplifying noise.
 _RANK_EPS = 1e-6
-# cuSOLVER's batched eigh/pinv fail (INTERNAL_ERROR) on very large batches: at most this many pages per call.
+# Pages per batched build call: bounds the float64 temporaries (16 x d per page).
 _SOLVER_BATCH = 8192
 
 
@@ -81,8 +82,10 @@ def summarize_pages(keys: torch.Tensor, rank: int, chunk: int = _SOLVER_BATCH) -
     Eigenvectors U of G = X X^T (X the centred keys) give V = U^T X / sqrt(lambda)
     and C = U sqrt(lambda): one batched 16x16 eigendecomposition instead of a
     16 x d SVD per page. Gram and eigh run in float64 (float32 squares the
-    condition number and loses the weaker directions), in chunks (cuSOLVER's
-    batched eigh fails on very large batches).
+    condition number and loses the weaker directions), in chunks (bounded
+    temporaries). On CUDA the eigendecomposition is page_eigh's kernel, which
+    unlike torch.linalg.eigh never waits for the GPU: nothing in a build syncs
+    with the host.
     """
     _check_keys(keys, rank)
     out = [_summarize_chunk(keys[i : i + chunk], rank) for i in range(0, max(1, keys.shape[0]), chunk)]
@@ -93,9 +96,10 @@ def _summarize_chunk(keys: torch.Tensor, rank: int):
     x = keys.double()
     mu = x.mean(1)
     dev = x - mu[:, None]
-    lam, u = torch.linalg.eigh(dev @ dev.transpose(1, 2))
+    gram = dev @ dev.transpose(1, 2)
+    lam, u = page_eigh_triton(gram) if gram.is_cuda else page_eigh_torch(gram)  # largest first
     r = min(rank, PAGE_SIZE)
-    lam, u = lam.flip(-1)[:, :r], u.flip(-1)[..., :r]  # eigh is ascending: largest first
+    lam, u = lam[:, :r], u[..., :r]
     keep = lam > _RANK_EPS**2 * lam[:, :1].clamp_min(1e-300)
     inv_sqrt = torch.where(keep, lam.clamp_min(1e-300).rsqrt(), torch.zeros_like(lam))
     basis = _pad_rank((u.transpose(1, 2) @ dev) * inv_sqrt[..., None], rank)
@@ -137,9 +141,12 @@ def quantize_summary(
     v_q = torch.round(basis.float() / v_s).clamp(-7, 7)
     v_hat = v_q * v_s
     dev = x - (mu_q * mu_s)[:, None]
-    # Least squares c = argmin |dev - c v_hat|: c = dev v_hat^T (v_hat v_hat^T)^+.
-    gram = v_hat @ v_hat.transpose(1, 2)
-    coef = dev @ v_hat.transpose(1, 2) @ torch.linalg.pinv(gram.double(), hermitian=True).float()
+    # Least squares c = argmin |dev - c v_hat|: c (v_hat v_hat^T) = dev v_hat^T. Zero basis rows
+    # (rank-deficient pages) get a unit diagonal, hence zero coefficients, as a pseudo-inverse
+    # would give; solve_ex, unlike pinv, does not check for errors on the host (no sync).
+    gram = (v_hat @ v_hat.transpose(1, 2)).double()
+    gram = gram + torch.diag_embed((torch.diagonal(gram, dim1=-2, dim2=-1) == 0).double())
+    coef = torch.linalg.solve_ex(gram, (dev @ v_hat.transpose(1, 2)).double(), left=False)[0].float()
     c_s = _absmax_scale(coef, 127, 1)  # per coefficient column
     coef_q = torch.round(coef / c_s).clamp(-127, 127)
     return (
