@@ -1,18 +1,32 @@
-"""Summary build on the GPU: Gram-eigh path vs batched SVD, speed and accuracy.
+"""Summary build on the GPU: speed and accuracy of the paths, at decode-flush and prefill sizes.
 
-    python benchmarks/summary_build.py --out benchmarks/results/summary_build.json
+    python benchmarks/summary_build.py --out benchmarks/results/summary_build.json [--pages 256,1024,16384]
 
-Pages are random-structured keys [n, 16, d] (rank-6 + noise). Accuracy: the
-relative reconstruction error of the centred keys against the float64 SVD
-optimum. Timing: CUDA events, median of --reps, per 1000 (page, KV head) pairs.
+Pages are random-structured keys [n, 16, d] (rank-6 + noise). Per size n of
+(page, KV head) pairs (256: a decode step of a Llama-8B request sealing a page
+in all 32 layers x 8 KV heads):
+
+* ``eigh_jacobi`` / ``eigh_torch``: the eigendecomposition of the n 16x16 Gram
+  matrices alone, page_eigh's kernel vs torch.linalg.eigh (float64; it syncs).
+* ``summarize``: summarize_pages (Gram + eigendecomposition + basis, float32
+  out); ``batched_svd``: torch.linalg.svd of the centred keys instead (only
+  for n <= 1024: it takes seconds).
+* ``write``: PageSummaries.write (summarise + quantise + scatter,
+  int8-int4-int8), plus its host time per call with no sync in between.
+
+Accuracy: relative reconstruction error of the centred keys against the float64
+SVD optimum (first 2048 pairs). Timing: CUDA events, median of --reps.
 """
 
 import argparse
 import json
+import statistics
+import time
 
 import torch
 
-from sglang_locks.summaries import quantize_summary, summarize_pages, summarize_pages_reference
+from sglang_locks.kernels.page_eigh import page_eigh_torch, page_eigh_triton
+from sglang_locks.summaries import PageSummaries, summarize_pages, summarize_pages_reference
 
 from attention_decode import median_ms  # a script's own folder is on sys.path
 
@@ -25,34 +39,59 @@ def svd_path(keys, rank):
     return mu, basis, dev @ basis.transpose(1, 2)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--pages", type=int, default=16384, help="(page, KV head) pairs per call")
-    ap.add_argument("--reps", type=int, default=10)
-    args = ap.parse_args()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    n, d, r = args.pages, 128, 8
+def structured_keys(n, d, gen):
     basis = torch.linalg.qr(torch.randn(n, d, 6, device="cuda", generator=gen)).Q.transpose(1, 2)
     keys = (torch.randn(n, 1, d, device="cuda", generator=gen) * 3
             + torch.randn(n, 16, 6, device="cuda", generator=gen) @ basis
             + 0.05 * torch.randn(n, 16, d, device="cuda", generator=gen))
-    keys = keys.bfloat16().float()
-    ref_mu, ref_b, ref_c = summarize_pages_reference(keys[:2048].cpu(), r)
-    dev = keys[:2048].cpu().double() - ref_mu[:, None]
-    ref_err = ((dev - ref_c @ ref_b).norm() / dev.norm()).item()
-    rows = {}
-    for name, fn in (("gram_eigh", summarize_pages), ("batched_svd", svd_path)):
-        ms = median_ms(lambda: fn(keys, r), args.reps)
-        mu, b, c = (t[:2048].cpu().double() for t in fn(keys, r))
-        err = ((dev - c @ b).norm() / dev.norm()).item()
-        rows[name] = {"ms": ms, "us_per_1000_pages": 1000 * ms / n * 1000, "rel_reconstruction_error": err}
-    mu, b, _ = summarize_pages(keys, r)
-    rows["quantize"] = {"ms": median_ms(lambda: quantize_summary(keys, mu, b), args.reps)}
-    result = {"gpu": torch.cuda.get_device_name(), "pages": n, "head_dim": d, "rank": r,
-              "optimal_rel_reconstruction_error": ref_err, "paths": rows}
+    return keys.bfloat16().float()
+
+
+def host_ms(fn, reps):
+    """Host time per call of fn, calls back to back (a call that waits for the GPU shows here)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--pages", default="256,1024,16384", help="(page, KV head) pairs per call")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    d, r = 128, 8
+    result = {"gpu": torch.cuda.get_device_name(), "head_dim": d, "rank": r, "sizes": {}}
+    for n in map(int, args.pages.split(",")):
+        keys = structured_keys(n, d, gen)
+        m = min(n, 2048)
+        ref_mu, ref_b, ref_c = summarize_pages_reference(keys[:m].cpu(), r)
+        dev = keys[:m].cpu().double() - ref_mu[:, None]
+        x = keys.double() - keys.double().mean(1, keepdim=True)
+        gram = x @ x.transpose(1, 2)
+        rows = {"optimal_rel_reconstruction_error": ((dev - ref_c @ ref_b).norm() / dev.norm()).item()}
+        for name, fn in (("eigh_jacobi", page_eigh_triton), ("eigh_torch", page_eigh_torch)):
+            rows[name] = {"ms": median_ms(lambda: fn(gram), args.reps)}
+        paths = [("summarize", summarize_pages)] + ([("batched_svd", svd_path)] if n <= 1024 else [])
+        for name, fn in paths:
+            mu, b, c = (t[:m].cpu().double() for t in fn(keys, r))
+            rows[name] = {"ms": median_ms(lambda: fn(keys, r), args.reps),
+                          "rel_reconstruction_error": ((dev - c @ b).norm() / dev.norm()).item()}
+        store = PageSummaries.allocate(n, 1, d, r, "int8-int4-int8", "cuda")
+        ids = torch.arange(n, device="cuda")
+        cached = keys.bfloat16()[:, :, None]  # [n, 16, H=1, d], as cached
+        rows["write"] = {"ms": median_ms(lambda: store.write(ids, cached), args.reps),
+                         "host_ms": host_ms(lambda: store.write(ids, cached), args.reps)}
+        result["sizes"][n] = rows
+        print(n, json.dumps(rows), flush=True)
     json.dump(result, open(args.out, "w"), indent=1)
-    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
