@@ -27,12 +27,10 @@ _TOL = 1e-15
 
 
 @triton.jit
-def _page_eigh_kernel(a_ptr, lam_ptr, u_ptr, MAX_SWEEPS: tl.constexpr, TOL: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
+def jacobi_eigh(a, MAX_SWEEPS: tl.constexpr, TOL: tl.constexpr):
+    """a [16, 16] float64 symmetric -> (eigenvalues [16], eigenvectors [16, 16] as columns), unordered."""
     i = tl.arange(0, 16)
     eye = i[:, None] == i[None, :]
-    off = pid * 256 + i[:, None] * 16 + i[None, :]
-    a = tl.load(a_ptr + off)
     u = tl.where(eye, 1.0, 0.0).to(tl.float64)
     a = 0.5 * (a + tl.trans(a))
     norm2 = tl.sum(tl.sum(a * a, 1), 0)
@@ -65,10 +63,23 @@ def _page_eigh_kernel(a_ptr, lam_ptr, u_ptr, MAX_SWEEPS: tl.constexpr, TOL: tl.c
             u = tl.dot(u, j)
         off2 = tl.sum(tl.sum(tl.where(eye, 0.0, a * a), 1), 0)
         sweep += 1
-    lam = tl.sum(tl.where(eye, a, 0.0), 1)
-    # Descending order, ties by index: position of eigenvalue i.
+    return tl.sum(tl.where(eye, a, 0.0), 1), u
+
+
+@triton.jit
+def descending_position(lam):
+    """Position of each of 16 eigenvalues in descending order (ties by index)."""
+    i = tl.arange(0, 16)
     before = (lam[None, :] > lam[:, None]) | ((lam[None, :] == lam[:, None]) & (i[None, :] < i[:, None]))
-    pos = tl.sum(before.to(tl.int32), 1)
+    return tl.sum(before.to(tl.int32), 1)
+
+
+@triton.jit
+def _page_eigh_kernel(a_ptr, lam_ptr, u_ptr, MAX_SWEEPS: tl.constexpr, TOL: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, 16)
+    lam, u = jacobi_eigh(tl.load(a_ptr + pid * 256 + i[:, None] * 16 + i[None, :]), MAX_SWEEPS, TOL)
+    pos = descending_position(lam)
     tl.store(lam_ptr + pid * 16 + pos, lam)
     tl.store(u_ptr + pid * 256 + i[:, None] * 16 + pos[None, :], u)
 

@@ -32,11 +32,13 @@ Precisions ``fp32`` and ``bf16`` store mu/basis/coef as floats with unit scales.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import torch
 
 from .config import PAGE_SIZE, SUMMARY_PRECISIONS
+from .kernels._triton import triton_usable
+from .kernels.build_summaries import build_summaries_triton, build_supported
 from .kernels.page_eigh import page_eigh_torch, page_eigh_triton
 
 # Singular values below this fraction of the page's largest carry no signal
@@ -227,6 +229,17 @@ class PageSummaries:
         step = max(1, _SOLVER_BATCH // keys.shape[2])
         for i in range(0, keys.shape[0], step):
             self._write(page_ids[i : i + step], keys[i : i + step])
+
+    def write_from_cache(self, rows: torch.Tensor, key_buffers: Sequence[torch.Tensor], slots: torch.Tensor) -> None:
+        """Summarise the pages whose token slots are slots [n, 16], in each layer's key buffer
+        ([tokens, H_kv, d], as cached), into rows [layers, n]: one launch of build_summaries'
+        kernel for all layers (where Triton runs and head_dim / 2 is a power of two), else
+        write() per layer."""
+        if key_buffers and triton_usable(slots.device) and build_supported(self.head_dim):
+            build_summaries_triton(self, rows, key_buffers, slots, _RANK_EPS)
+            return
+        for layer_rows, buf in zip(rows, key_buffers):
+            self.write(layer_rows, buf[slots])
 
     def _write(self, page_ids: torch.Tensor, keys: torch.Tensor) -> None:
         n, _, h, d = keys.shape

@@ -8,9 +8,10 @@ Validity. ``page_generation[p]`` counts the allocator's releases of page p;
 ``summary_generation[p]`` is the generation its summary was built for. A
 summary is valid iff the two agree. Builds at extend stamp the page's current
 generation. Pages sealed by a decode step are summarised at the start of the
-next forward (summarising needs torch.linalg.eigh, which CUDA graphs cannot
-capture), with the generation read when the step sealed them: a page released
-in between is written to page 0 (never mapped by SGLang's allocator) instead.
+next forward (outside the decode CUDA graph: how many pages a step seals
+varies), in one build launch for all layers, with the generation read when the
+step sealed them: a page released in between is written to page 0 (never
+mapped by SGLang's allocator) instead.
 Until then the page is the request's last sealed page, which the scorer
 forces in (local_pages >= 1) without reading its summary.
 
@@ -75,6 +76,7 @@ class SummaryStore:
             len(layer_ids) * num_pages, num_kv_heads, head_dim, config.rank, config.summary_precision, device)
         self._views = {l: _layer_view(self.summaries, i * num_pages, (i + 1) * num_pages)
                        for l, i in self.slot_of_layer.items()}
+        self._layer_rows = torch.arange(len(layer_ids), dtype=torch.int64, device=device) * num_pages  # first rows
         self.page_generation = torch.zeros(num_pages, dtype=torch.int32, device=device)
         self.summary_generation = torch.full((num_pages,), -1, dtype=torch.int32, device=device)
         self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (pages, generation when sealed)
@@ -132,8 +134,7 @@ class SummaryStore:
     def build_layer(self, layer_id: int, k_buffer: torch.Tensor, sealed: SealedPages) -> None:
         """Summarise one layer's keys of the sealed pages (called right after the layer's KV write)."""
         if len(sealed) and layer_id in self._views:
-            keys = k_buffer[sealed.slots]  # [n, 16, H, d]
-            self._views[layer_id].write(sealed.pages, keys)
+            self._views[layer_id].write_from_cache(sealed.pages[None], [k_buffer], sealed.slots)
 
     # ------------------------------------------------------------------ decode
     def record_decode_seals(self, req_to_token, req_pool_indices, seq_lens_cpu) -> None:
@@ -160,9 +161,8 @@ class SummaryStore:
         self._dropped += (~alive).sum()
         target = torch.where(alive, pages, torch.zeros_like(pages))
         slots = pages[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE, device=pages.device)
-        keys = torch.cat([kv_pool.get_key_buffer(l)[slots] for l in self.layer_ids])
-        rows = torch.cat([target + i * self.num_pages for i in self.slot_of_layer.values()])
-        self.summaries.write(rows, keys)
+        rows = target[None, :] + self._layer_rows[:, None]
+        self.summaries.write_from_cache(rows, [kv_pool.get_key_buffer(l) for l in self.layer_ids], slots)
         self.summary_generation[target] = torch.where(alive, sealed_gen, self.summary_generation[target])
 
     # ------------------------------------------------------------------ checks and counters
