@@ -7,8 +7,8 @@ eigendecomposition (page_eigh's float64 Jacobi), the top-r basis rows
 (directions below 1e-6 of the largest singular value zeroed), their
 coefficients; for int8-int4-int8 the centroid and basis quantised and the
 coefficients refitted by least squares in the quantised basis (its r x r Gram
-matrix, made invertible by a unit diagonal on zero rows, inverted through the
-same eigensolver) before their own quantisation. Rounding is half away from
+matrix, made invertible by a unit diagonal on zero rows, inverted by
+Gauss-Jordan elimination) before their own quantisation. Rounding is half away from
 zero (torch rounds ties to even: a quantised value can differ by one step on
 an exact tie).
 
@@ -41,6 +41,25 @@ def _dot_nt(a, b):
 
 
 @triton.jit
+def _spd_inverse(g):
+    """Inverse of a 16 x 16 symmetric positive definite matrix by Gauss-Jordan elimination
+    (no pivoting needed: the pivots of an SPD matrix stay positive), 16 steps, no host round trip."""
+    i = tl.arange(0, 16)
+    inv = tl.where(i[:, None] == i[None, :], 1.0, 0.0).to(tl.float64)
+    for p in range(16):
+        at_p = i == p
+        g_row = tl.sum(tl.where(at_p[:, None], g, 0.0), 0)
+        inv_row = tl.sum(tl.where(at_p[:, None], inv, 0.0), 0)
+        pivot = tl.sum(tl.where(at_p, g_row, 0.0), 0)
+        g_row = g_row / pivot
+        inv_row = inv_row / pivot
+        factor = tl.where(at_p, 0.0, tl.sum(tl.where(at_p[None, :], g, 0.0), 1))  # column p, row p excluded
+        g = tl.where(at_p[:, None], g_row[None, :], g - factor[:, None] * g_row[None, :])
+        inv = tl.where(at_p[:, None], inv_row[None, :], inv - factor[:, None] * inv_row[None, :])
+    return inv
+
+
+@triton.jit
 def _to_out(x, out: tl.constexpr):
     """float64 -> float32 -> out (float32 or bfloat16), rounding to nearest even as torch does
     (by integer ops: Triton's interpreter truncates to bfloat16)."""
@@ -52,7 +71,7 @@ def _to_out(x, out: tl.constexpr):
     return y.to(out)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tok", "n_pages"])  # one compiled kernel for every batch
 def _build_summaries_kernel(
     k0_ptr, layer_off_ptr, stride_tok, slots_ptr, rows_ptr, n_pages,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
@@ -68,15 +87,16 @@ def _build_summaries_kernel(
     k = tl.arange(0, HALF)
     eye = i[:, None] == i[None, :]
 
-    # Keys as two halves (elements k and k + d/2: the int4 packing's pairs), float64.
+    # Keys as two halves (elements k and k + d/2: the int4 packing's pairs); float64 where sums
+    # cancel (centroid, Gram matrix, basis), float32 (exact for 16-bit keys) to hold.
     slots = tl.load(slots_ptr + j * 16 + i).to(tl.int64)
     key_base = k0_ptr + tl.load(layer_off_ptr + layer)
     page_keys = key_base + h * D + slots * stride_tok  # [16] pointers: element 0 of each key
     x_ptr = page_keys[:, None] + k[None, :]
-    x_lo = tl.load(x_ptr).to(tl.float64)
-    x_hi = tl.load(x_ptr + HALF).to(tl.float64)
-    mu_lo = tl.sum(x_lo, 0) / 16
-    mu_hi = tl.sum(x_hi, 0) / 16
+    x_lo = tl.load(x_ptr).to(tl.float32)
+    x_hi = tl.load(x_ptr + HALF).to(tl.float32)
+    mu_lo = tl.sum(x_lo.to(tl.float64), 0) / 16
+    mu_hi = tl.sum(x_hi.to(tl.float64), 0) / 16
 
     # Gram matrix of the centred keys by rank-1 updates over the columns, in float64 (Triton's
     # float64 dots reject operands converted from 16-bit loads); its eigenvectors sorted by
@@ -100,6 +120,11 @@ def _build_summaries_kernel(
         at = tl.sum(tl.where(i == key, slots, 0), 0) * stride_tok + h * D
         b_lo += u_key[:, None] * (tl.load(key_base + at + k).to(tl.float64) - mu_lo)[None, :]
         b_hi += u_key[:, None] * (tl.load(key_base + at + HALF + k).to(tl.float64) - mu_hi)[None, :]
+    # The rest in float32, as the torch path's quantisation.
+    b_lo = b_lo.to(tl.float32)
+    b_hi = b_hi.to(tl.float32)
+    mu_lo = mu_lo.to(tl.float32)
+    mu_hi = mu_hi.to(tl.float32)
 
     row = tl.load(rows_ptr + layer * n_pages + j).to(tl.int64)
     rec = row * HKV + h
@@ -120,8 +145,7 @@ def _build_summaries_kernel(
         rhs = _dot_nt(e_lo, vh_lo) + _dot_nt(e_hi, vh_hi)  # [16 keys, 16 r]
         g = _dot_nt(vh_lo, vh_lo) + _dot_nt(vh_hi, vh_hi)
         g += tl.where(eye & (g == 0.0), 1.0, 0.0)
-        g_lam, w = jacobi_eigh(g, MAX_SWEEPS, TOL)
-        coef = tl.dot(rhs, tl.dot(w / g_lam[None, :], tl.trans(w)))
+        coef = tl.dot(rhs, _spd_inverse(g))
         c_s = tl.maximum(tl.max(tl.abs(coef), 0), 1e-12) / 127  # per r
         cq = tl.minimum(tl.maximum(_round(coef / c_s[None, :]), -127.0), 127.0)
 

@@ -46,6 +46,8 @@ from .kernels.page_eigh import page_eigh_torch, page_eigh_triton
 _RANK_EPS = 1e-6
 # Pages per batched build call: bounds the float64 temporaries (16 x d per page).
 _SOLVER_BATCH = 8192
+# write_from_cache: (page, KV head, layer) triples up to which the one-launch kernel builds them.
+_BUILD_KERNEL_MAX_PROGRAMS = 1024
 
 
 def _check_keys(keys: torch.Tensor, rank: int) -> None:
@@ -232,10 +234,16 @@ class PageSummaries:
 
     def write_from_cache(self, rows: torch.Tensor, key_buffers: Sequence[torch.Tensor], slots: torch.Tensor) -> None:
         """Summarise the pages whose token slots are slots [n, 16], in each layer's key buffer
-        ([tokens, H_kv, d], as cached), into rows [layers, n]: one launch of build_summaries'
-        kernel for all layers (where Triton runs and head_dim / 2 is a power of two), else
-        write() per layer."""
-        if key_buffers and triton_usable(slots.device) and build_supported(self.head_dim):
+        ([tokens, H_kv, d], as cached), into rows [layers, n].
+
+        Few pages (a decode step's seals): one launch of build_summaries' kernel for all layers
+        (where Triton runs and head_dim / 2 is a power of two), ~0.1 ms of host time instead of
+        ~4 ms for write()'s ~50 small ops. Many (a prefill chunk): write() per layer, whose
+        batched torch ops have the higher throughput (one kernel program per page and head runs
+        two 16 x 16 float64 solves at ~2 programs per SM)."""
+        programs = slots.shape[0] * self.num_kv_heads * len(key_buffers)
+        if (key_buffers and programs <= _BUILD_KERNEL_MAX_PROGRAMS and triton_usable(slots.device)
+                and build_supported(self.head_dim)):
             build_summaries_triton(self, rows, key_buffers, slots, _RANK_EPS)
             return
         for layer_rows, buf in zip(rows, key_buffers):

@@ -87,3 +87,20 @@ def test_write_from_cache_falls_back_for_other_head_dims(device):
     for layer_rows, buf in zip(rows, bufs):
         b.write(layer_rows, buf[slots])
     assert torch.equal(a.mu, b.mu) and torch.equal(a.basis, b.basis) and torch.equal(a.coef, b.coef)
+
+
+@pytest.mark.gpu
+def test_build_from_cache_does_not_wait_for_the_gpu():
+    """A decode step's seals are built while earlier steps still run: after a ~1 s GPU sleep is
+    queued, write_from_cache (32 layers, one launch) returns with the GPU still busy."""
+    bufs = _cache(32, 4, 8, 128, "cuda", seed=5)
+    s = PageSummaries.allocate(32 * 4, 8, 128, 8, "int8-int4-int8", "cuda")
+    slots = torch.arange(16, device="cuda")[None] + 16
+    rows = torch.arange(32, device="cuda")[:, None] * 4 + 1
+    s.write_from_cache(rows, bufs, slots)  # compile
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)
+    s.write_from_cache(rows, bufs, slots)
+    still_busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert still_busy, "write_from_cache waited for the GPU"

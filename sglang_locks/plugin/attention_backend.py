@@ -98,6 +98,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
             store = SummaryStore(self.config, locks_layers, num_pages, self.num_kv_heads, self.head_dim,
                                  runner.device)
             attach_store(pool, store)
+            store.warm_up(pool)
             logger.info("LOCKS summary store: %d pages x %d layers x %d KV heads, %.2f GiB (%s, rank %d)",
                         num_pages, len(locks_layers), self.num_kv_heads, store.nbytes() / 2**30,
                         self.config.summary_precision, self.config.rank)

@@ -165,6 +165,14 @@ class SummaryStore:
         self.summaries.write_from_cache(rows, [kv_pool.get_key_buffer(l) for l in self.layer_ids], slots)
         self.summary_generation[target] = torch.where(alive, sealed_gen, self.summary_generation[target])
 
+    def warm_up(self, kv_pool) -> None:
+        """Build page 0 (never mapped by SGLang's allocator) through both build paths, so that their
+        kernels are compiled at start-up, not in the first request's decode steps."""
+        slots = torch.arange(PAGE_SIZE, dtype=torch.int64, device=self.page_generation.device)[None]
+        buffers = [kv_pool.get_key_buffer(l) for l in self.layer_ids]
+        self.summaries.write_from_cache(self._layer_rows[:, None], buffers, slots)
+        self.summaries.write(self._layer_rows[:1], buffers[0][slots])
+
     # ------------------------------------------------------------------ checks and counters
     def stale_scorable_pages(self, req_to_token, req_pool_indices, seq_lens) -> torch.Tensor:
         """Pages the scorer would read a summary of, whose summary is not valid (device count).
