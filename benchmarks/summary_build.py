@@ -12,10 +12,10 @@ in all 32 layers x 8 KV heads):
   out); ``batched_svd``: torch.linalg.svd of the centred keys instead (only
   for n <= 1024: it takes seconds).
 * ``write``: PageSummaries.write (the torch path: summarise + quantise +
-  scatter, int8-int4-int8) and ``write_from_cache``: build_summaries' one
-  kernel from a KV-cache buffer, each with its host time per call (calls back
-  to back, no sync in between), and the reconstruction error of what they
-  stored (dequantised).
+  scatter, int8-int4-int8) and ``write_from_cache`` from a KV-cache buffer
+  (build_summaries' one kernel up to 1024 pairs, write() above), each with
+  its host time per call (calls back to back, no sync in between), and the
+  reconstruction error of what they stored (dequantised).
 
 Accuracy: relative reconstruction error of the centred keys against the float64
 SVD optimum (first 2048 pairs). Timing: CUDA events, median of --reps.
