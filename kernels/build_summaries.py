@@ -19,7 +19,7 @@ this is one launch, and no host round trip.
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 import triton
@@ -182,10 +182,21 @@ def _layer_offsets(key_buffers: Sequence[torch.Tensor]) -> torch.Tensor:
     return _OFFSETS[key]
 
 
-def build_supported(head_dim: int) -> bool:
-    """The kernel tiles half a head: head_dim / 2 must be a power of two >= 16."""
-    half = head_dim // 2
-    return head_dim % 2 == 0 and half >= 16 and half & (half - 1) == 0
+def unsupported_reason(summaries, key_buffers: Sequence[torch.Tensor]) -> Optional[str]:
+    """Why build_summaries_triton cannot summarise from these key buffers, or None: the kernel
+    tiles half a head (head_dim / 2 a power of two >= 16), rank <= 16, and every layer's buffer
+    is [tokens, H_kv, head_dim] with contiguous heads, one dtype and one set of strides."""
+    k0 = key_buffers[0]
+    half = k0.shape[-1] // 2
+    if k0.shape[-1] % 2 or half < 16 or half & (half - 1):
+        return f"head_dim {k0.shape[-1]}: head_dim / 2 must be a power of two >= 16"
+    if summaries.rank > 16:
+        return f"rank {summaries.rank} > 16"
+    if k0.dim() != 3 or k0.stride(2) != 1 or k0.stride(1) != k0.shape[2]:
+        return "key buffers must be [tokens, H_kv, head_dim] with contiguous heads"
+    if any(b.dtype != k0.dtype or b.stride() != k0.stride() or b.shape[1:] != k0.shape[1:] for b in key_buffers):
+        return "key buffers must share dtype, shape and strides"
+    return None
 
 
 def build_summaries_triton(summaries, rows: torch.Tensor, key_buffers: Sequence[torch.Tensor], slots: torch.Tensor,
@@ -195,15 +206,11 @@ def build_summaries_triton(summaries, rows: torch.Tensor, key_buffers: Sequence[
     n = slots.shape[0]
     if n == 0 or not key_buffers:
         return
+    reason = unsupported_reason(summaries, key_buffers)
+    if reason:
+        raise ValueError(f"build_summaries_triton: {reason}")
     k0 = key_buffers[0]
     h, d = k0.shape[1], k0.shape[2]
-    if not build_supported(d) or summaries.rank > 16:
-        raise ValueError(f"build_summaries_triton needs head_dim / 2 a power of two >= 16 and rank <= 16, "
-                         f"got head_dim {d}, rank {summaries.rank}")
-    if any(b.dtype != k0.dtype or b.stride() != k0.stride() or b.shape[1:] != k0.shape[1:] for b in key_buffers):
-        raise ValueError("key buffers must share dtype, shape and strides")
-    if k0.stride(2) != 1 or k0.stride(1) != d:
-        raise ValueError("key buffers must be [tokens, H_kv, d] with contiguous heads")
     s = summaries
     _build_summaries_kernel[(n * h, len(key_buffers))](
         k0, _layer_offsets(key_buffers), k0.stride(0), slots.contiguous(), rows.contiguous(), n,

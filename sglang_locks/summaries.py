@@ -38,7 +38,7 @@ import torch
 
 from .config import PAGE_SIZE, SUMMARY_PRECISIONS
 from .kernels._triton import triton_usable
-from .kernels.build_summaries import build_summaries_triton, build_supported
+from .kernels.build_summaries import build_summaries_triton, unsupported_reason
 from .kernels.page_eigh import page_eigh_torch, page_eigh_triton
 
 # Singular values below this fraction of the page's largest carry no signal
@@ -237,13 +237,13 @@ class PageSummaries:
         ([tokens, H_kv, d], as cached), into rows [layers, n].
 
         Few pages (a decode step's seals): one launch of build_summaries' kernel for all layers
-        (where Triton runs and head_dim / 2 is a power of two), ~0.1 ms of host time instead of
-        ~4 ms for write()'s ~50 small ops. Many (a prefill chunk): write() per layer, whose
-        batched torch ops have the higher throughput (one kernel program per page and head runs
-        two 16 x 16 float64 solves at ~2 programs per SM)."""
+        (where Triton runs and the kernel takes the buffers: see unsupported_reason), ~0.1 ms of
+        host time instead of ~2-4 ms for write()'s ~50 small ops. Many (a prefill chunk): write()
+        per layer, whose batched torch ops have the higher throughput (a kernel program per page
+        and head runs a 16 x 16 float64 eigensolver, at ~2 programs per SM)."""
         programs = slots.shape[0] * self.num_kv_heads * len(key_buffers)
         if (key_buffers and programs <= _BUILD_KERNEL_MAX_PROGRAMS and triton_usable(slots.device)
-                and build_supported(self.head_dim)):
+                and unsupported_reason(self, key_buffers) is None):
             build_summaries_triton(self, rows, key_buffers, slots, _RANK_EPS)
             return
         for layer_rows, buf in zip(rows, key_buffers):

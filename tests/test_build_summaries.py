@@ -4,7 +4,7 @@ the torch path (summarize_pages + quantize_summary, float64 eigh) on the same pa
 import pytest
 import torch
 
-from sglang_locks.kernels.build_summaries import build_summaries_triton, build_supported
+from sglang_locks.kernels.build_summaries import build_summaries_triton, unsupported_reason
 from sglang_locks.summaries import _RANK_EPS, PageSummaries
 
 
@@ -67,17 +67,21 @@ def test_build_matches_torch_path(precision, d, rank, device):
     assert out.mu[untouched].abs().sum() == 0 and out.coef[untouched].abs().sum() == 0
 
 
-def test_build_rejects_unsupported_shapes():
-    assert build_supported(128) and build_supported(64) and not build_supported(96) and not build_supported(130)
+def test_build_rejects_unsupported_inputs():
     s = PageSummaries.allocate(4, 1, 96, 8, "fp32")
     buf = torch.zeros(64, 1, 96)
+    assert "head_dim 96" in unsupported_reason(s, [buf])
     with pytest.raises(ValueError, match="head_dim"):
         build_summaries_triton(s, torch.zeros(1, 1, dtype=torch.int64), [buf], torch.zeros(1, 16, dtype=torch.int64),
                                _RANK_EPS)
+    s = PageSummaries.allocate(4, 1, 64, 8, "fp32")
+    assert unsupported_reason(s, [torch.zeros(64, 1, 64)]) is None
+    assert "strides" in unsupported_reason(s, [torch.zeros(64, 1, 64), torch.zeros(64, 2, 64)[:, :1]])
+    assert "contiguous heads" in unsupported_reason(s, [torch.zeros(64, 64, 1).transpose(1, 2)])
 
 
 def test_write_from_cache_falls_back_for_other_head_dims(device):
-    """head_dim 96 (half not a power of two): write() per layer, same summaries as write()."""
+    """head_dim 96 (half not a power of two): write() per layer, the same summaries as write()."""
     bufs = _cache(2, 4, 1, 96, device, seed=3)
     slots = torch.tensor([[16 * 1 + i for i in range(16)]], device=device)
     rows = torch.tensor([[0], [2]], device=device)
