@@ -130,7 +130,9 @@ def selected_cases(only, cases) -> list:
     return picked
 
 
-def run_plan(args) -> list:
+def run_plan(args, save=lambda rows: None) -> list:
+    """Rows of every selected case; save(rows) after each case, so that a run cut short (a time
+    limit) keeps the cases it finished."""
     rows = []
     for tool, shape, batch, contexts in selected_cases(args.only, args.case):
         times, errors = {}, {}
@@ -156,6 +158,7 @@ def run_plan(args) -> list:
             print(f"e2e_decode: {tool} {shape} bs={batch} {mode}: {times[mode]} ({time.time() - t0:.0f} s)",
                   flush=True)
         rows += merge_rows(tool, shape, batch, contexts, args.budget, times["fullkv"], times["locks"], errors)
+        save(rows)
     return rows
 
 
@@ -293,9 +296,14 @@ def main(argv=None) -> int:
         p.error(str(e))
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
-    result = dict(header(argv), rows=run_plan(args))
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    head = header(argv)
+
+    def save(rows):
+        with open(args.out, "w") as f:
+            json.dump(dict(head, rows=rows), f, indent=1)
+
+    result = dict(head, rows=run_plan(args, save))
+    save(result["rows"])
     print(f"e2e_decode: wrote {args.out}")
     return 0 if args.dry_run or all("error" not in r for r in result["rows"]) else 1
 
