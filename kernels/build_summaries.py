@@ -8,12 +8,12 @@ eigendecomposition (page_eigh's float64 Jacobi), the top-r basis rows
 coefficients; for int8-int4-int8 the centroid and basis quantised and the
 coefficients refitted by least squares in the quantised basis (its r x r Gram
 matrix, made invertible by a unit diagonal on zero rows, inverted by
-Gauss-Jordan elimination) before their own quantisation. Rounding is half away from
-zero (torch rounds ties to even: a quantised value can differ by one step on
-an exact tie).
+Gauss-Jordan elimination) before their own quantisation. Rounding is half
+away from zero (torch rounds ties to even: a quantised value can differ by one
+step on an exact tie).
 
 Why: the torch path is ~50 small ops per call. A decode step that seals pages
-spent ~4 ms of host time in them (10 ms in a busy server), every 16 tokens;
+spent ~4 ms of host time in them (5-10 ms inside a server), every 16 tokens;
 this is one launch, and no host round trip.
 """
 
@@ -35,8 +35,8 @@ def _round(x):
 
 @triton.jit
 def _dot_nt(a, b):
-    """a [16, K] b^T for K = head_dim / 2 > 16, which Triton's float64 dots do not take: float32 FMAs
-    (not TF32), as accurate as the float32 the torch path works in for these products."""
+    """a [16, K] b^T in float32 FMAs (IEEE, not TF32): the precision the torch path's quantisation
+    works in (Triton 3.6's float64 dots reject operands derived from 16-bit loads)."""
     return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee").to(tl.float64)
 
 
@@ -61,7 +61,7 @@ def _spd_inverse(g):
 
 @triton.jit
 def _to_out(x, out: tl.constexpr):
-    """float64 -> float32 -> out (float32 or bfloat16), rounding to nearest even as torch does
+    """x as out (float32 or bfloat16), through float32, rounding to nearest even as torch does
     (by integer ops: Triton's interpreter truncates to bfloat16)."""
     y = x.to(tl.float32)
     if out == tl.bfloat16:
