@@ -8,7 +8,8 @@
 #            with each shape's fastest score kernel (~5 min; args go to attention_decode.py)
 #   server   the SGLang server test: greedy equality, long contexts,    -> server_gpu.log, server logs
 #            shared-prefix reuse (~3.5 min)
-#   build    summary-build benchmark                                    -> summary_build.json
+#   build    summary-build benchmark, then the host time of a decode     -> summary_build.json, flush_host_time.log
+#            step's summary flush
 #   e2e      SGLang decode, FullKV vs --enable-locks (args go to         -> e2e_decode.json, e2e_logs/
 #            e2e_decode.py, e.g. --case synthetic:llama8b:1; the whole plan needs ~20 min: split it;
 #            run through e2e_host_times.py: the worker logs carry per-step host times)
@@ -33,7 +34,8 @@ server)
     mkdir -p "$OUT/server"
     OUT="$OUT/server" python3 -m pytest -q -rs tests/test_server_gpu.py 2>&1 | tee "$OUT/server_gpu.log" ;;
 build)
-    python3 benchmarks/summary_build.py --out "$OUT/summary_build.json" 2>&1 | tee "$OUT/summary_build.log" ;;
+    (cd benchmarks && python3 summary_build.py --out "$OUT/summary_build.json") 2>&1 | tee "$OUT/summary_build.log"
+    python3 benchmarks/flush_host_time.py 2>&1 | tee "$OUT/flush_host_time.log" ;;
 e2e)
     # e2e_decode.py, with each step's planning host time in the worker logs
     python3 benchmarks/e2e_host_times.py --out "$OUT/e2e_decode.json" --log-dir "$OUT/e2e_logs" "$@" 2>&1 | tee "$OUT/e2e_decode.log" ;;
