@@ -196,7 +196,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
     selected_tokens = int(selected_lengths(seq_lens_cpu, hkv, cfg.budget_pages).sum())
     summary_bytes = layers * bsz * hkv * n_sealed * probe.bytes_per_page_per_head()
     page_id_bytes = layers * bsz * n_sealed * 4
-    score_io_bytes = layers * bsz * n_sealed * 4 * (2 * hq + 3 * hkv)  # scores written, read; keys written, read twice
+    score_io_bytes = layers * bsz * n_sealed * 4 * (2 * hq + 2 * hkv)  # scores written, read; keys written, read
     selected_kv_bytes = layers * selected_tokens * d * 2 * 2
     index_bytes = layers * selected_tokens * 4 * 2
     bytes_dense = layers * bsz * context * hkv * d * 2 * 2

@@ -8,25 +8,27 @@ KV head (sparse_decode.per_head_pages): entry slot * H_kv + h is the page
 whose first token is slot.
 
 Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
-and ranked by 16-bit keys (page_key: the page's share of its group's estimated
-mass in steps of 2^-10 nats); top-k is a radix select over a row's pages,
-which several programs share, in three phases:
+and ranked by one-byte keys (page_key: the page's share of its group's
+estimated mass in steps of 1/16 nat); top-k is a counting select over a row's
+pages, which several programs share, in two phases:
 
-  1. each program computes its pages' keys and adds the keys' high bytes to
-     the row's 256-bin histogram (atomics);
-  2. it histograms the low bytes of its keys in the boundary bin;
-  3. it derives the k-th largest key T from the row's histograms and takes its
+  1. each program computes its pages' keys, adds their histogram to the row's
+     (atomics) and stores its own histogram's suffix sums (pages at or above
+     each key);
+  2. it finds the k-th largest key T in the row's histogram and takes its
      pages with key > T plus, in page order, as many with key == T as the
      budget still holds, at positions that follow from the earlier programs'
-     counts.
+     suffix sums at T and T + 1.
 
 Pages come out in logical order; the selection is deterministic and the exact
-top-k up to ties within 2^-10 nats. Between phases a row's programs wait for
-each other on a counter (spin): selection_parts caps the grid so that all its
-programs are resident at once, which is what keeps the wait from deadlocking.
-The last program of a row to finish clears its histogram and counter for the
-next launch. Triton's interpreter (CPU CI) runs programs one after the other,
-so there the phases are three launches.
+top-k up to ties within one key step. Between the phases a row's programs wait
+for each other on a counter (spin): selection_parts caps the grid so that all
+its programs are resident at once, which is what keeps the wait from
+deadlocking. The last program of a row to finish clears its histogram and
+counter for the next launch. Triton's interpreter (CPU CI) runs programs one
+after the other, so there the phases are two launches. (A second, low-byte
+pass over 16-bit keys measured 3.3 us of the old 11.9 us launch at Llama
+128K: one step of 1/16 nat loses no recall that an estimate can resolve.)
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
 def _select_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr,
-    keys_ptr, hist_ptr, arrived_ptr, low_ptr, above_ptr,
+    keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
     sink_pages, local_pages, budget_pages, parts,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     BLOCK: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
@@ -89,9 +91,10 @@ def _select_kernel(
     jb = tl.arange(0, BLOCK)
     bins = tl.arange(0, HIST_BINS)
     key_row = keys_ptr + row.to(tl.int64) * max_pages
+    part_suffix = suffix_ptr + (row * parts + part).to(tl.int64) * HIST_BINS
 
     if n_sealed <= budget_pages:  # every sealed page, in order (the same for all of the row's programs)
-        if (PHASE == 0) | (PHASE == 3):
+        if (PHASE == 0) | (PHASE == 2):
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
                 live = p < end
@@ -104,6 +107,7 @@ def _select_kernel(
             qrows = (b * HKV * G + h * G + g).to(tl.int64)
             lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, BLOCK_G, BLOCK_N)
             offset = key_offset(lse, gmask, MODE, LOG_G)
+            counts = tl.zeros((HIST_BINS,), tl.int32)
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
                 live = p < end
@@ -111,41 +115,24 @@ def _select_kernel(
                                       local_pages, MODE)
                 key = page_key(agg, offset)
                 tl.store(key_row + p, key, mask=live)
-                counts = tl.histogram(key >> 8, HIST_BINS, mask=live)
-                tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
+                counts += tl.histogram(key, HIST_BINS, mask=live)
+            tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
+            tl.store(part_suffix + bins, tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts)
         _arrive_and_wait(arrived_ptr + row, parts, SYNC)
 
-        hist = tl.load(hist_ptr + row * HIST_BINS + bins, cache_modifier=".cg")
-        hi, above_hi = _kth_bin(hist, budget_pages)
-        part_off = (row * parts + part).to(tl.int64)
         if (PHASE == 0) | (PHASE == 2):
-            low = tl.zeros((HIST_BINS,), tl.int32)
-            above = 0
-            for p0 in range(start, end, BLOCK):
-                p = p0 + jb
-                live = p < end
-                key = tl.load(key_row + p, mask=live, other=-1)
-                low += tl.histogram(key & 255, HIST_BINS, mask=live & ((key >> 8) == hi))
-                above += tl.sum((live & ((key >> 8) > hi)).to(tl.int32), 0)
-            tl.store(low_ptr + part_off * HIST_BINS + bins, low)
-            tl.store(above_ptr + part_off, above)
-        _arrive_and_wait(arrived_ptr + row, 2 * parts, SYNC)
-
-        if (PHASE == 0) | (PHASE == 3):
+            hist = tl.load(hist_ptr + row * HIST_BINS + bins, cache_modifier=".cg")
+            thr, above = _kth_bin(hist, budget_pages)
+            ties = budget_pages - above   # pages with key == thr to take, in page order
+            # Pages of the programs before this one with key >= thr and key > thr.
             pp = tl.arange(0, PARTS_P2)
-            used = pp < parts
-            lows = tl.load(low_ptr + (row * parts + pp[:, None]).to(tl.int64) * HIST_BINS + bins[None, :],
-                           mask=used[:, None], other=0, cache_modifier=".cg")     # [parts, 256]
-            lo, above_lo = _kth_bin(tl.sum(lows, 0), budget_pages - above_hi)
-            thr = hi * 256 + lo
-            ties = budget_pages - above_hi - above_lo   # pages with key == thr to take, in page order
-            # Per program: keys above thr, keys equal to it; summed over the programs before this one.
-            above_p = tl.load(above_ptr + row * parts + pp, mask=used, other=0, cache_modifier=".cg")
-            above_p += tl.sum(tl.where(bins[None, :] > lo, lows, 0), 1)
-            ties_p = tl.sum(tl.where(bins[None, :] == lo, lows, 0), 1)
             before = pp < part
-            ties_seen = tl.sum(tl.where(before, ties_p, 0), 0)
-            taken = tl.sum(tl.where(before, above_p, 0), 0) + tl.minimum(ties_seen, ties)
+            earlier = suffix_ptr + (row * parts + pp).to(tl.int64) * HIST_BINS
+            at_or_above = tl.sum(tl.load(earlier + thr, mask=before, other=0, cache_modifier=".cg"), 0)
+            over = tl.sum(tl.load(earlier + thr + 1, mask=before & (thr + 1 < HIST_BINS), other=0,
+                                  cache_modifier=".cg"), 0)
+            ties_seen = at_or_above - over
+            taken = over + tl.minimum(ties_seen, ties)
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
                 live = p < end
@@ -161,13 +148,13 @@ def _select_kernel(
             # The last program to finish clears the row's histogram and counter (all others are past
             # their last read of them).
             if SYNC:
-                done = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu") == 3 * parts - 1
+                done = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu") == 2 * parts - 1
             else:
                 done = True
             if done:
                 tl.store(hist_ptr + row * HIST_BINS + bins, tl.zeros((HIST_BINS,), tl.int32))
                 tl.store(arrived_ptr + row, 0)
-    if (part == 0) & ((PHASE == 0) | (PHASE == 3)):
+    if (part == 0) & ((PHASE == 0) | (PHASE == 2)):
         tail = seq_len - n_sealed * PAGE
         if tail > 0:
             slot = tl.load(table + n_sealed * PAGE)
@@ -204,17 +191,16 @@ def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_i
         raise ValueError(f"{rows} rows exceed the SelectionState's {state.arrived.numel()}")
     parts = selection_parts(rows, max_pages, scores.device)
     keys = torch.empty(rows, max_pages, dtype=torch.int32, device=scores.device)
-    low = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
-    above = torch.empty(rows, parts, dtype=torch.int32, device=scores.device)
+    suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
     args = (scores, part_max, part_sum, max_pages, part_max.shape[-1],
             req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices,
-            keys, state.hist, state.arrived, low, above, sink_pages, local_pages, budget_pages, parts)
+            keys, state.hist, state.arrived, suffix, sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
                   BLOCK_N=partials_block(part_max.shape[-1], group), PAGE=16, BLOCK=PAGE_BLOCK,
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
                   LOG_G=math.log(group), num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase
-        for phase in (1, 2, 3):
+        for phase in (1, 2):
             _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, **consts)
         state.hist.zero_()
     else:

@@ -11,6 +11,7 @@ from sglang_locks.kernels.aggregate_scores import (
     key_offset_torch,
     page_key_torch,
 )
+from sglang_locks.kernels.aggregate_scores import KEY_RANGE, KEY_SCALE
 from sglang_locks.kernels.selected_indices import (
     SelectionState,
     select_pages_by_key_torch,
@@ -20,6 +21,9 @@ from sglang_locks.kernels.selected_indices import (
 )
 from sglang_locks.selection import select_pages, selected_pages
 from sglang_locks.sparse_decode import dense_decode_reference, per_head_pages, sparse_decode_reference
+
+
+STEP = 1 / KEY_SCALE.value  # nats between selection keys
 
 
 def _agg(seq_lens, hkv, cfg, seed=0):
@@ -117,13 +121,15 @@ def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, 
                 assert not interpreted(), "the interpreter runs both kernels' math identically"
                 kth = flat[row, want_sel[row]].min()
                 swapped = sorted(set(pages) ^ set(want_sel[row].tolist()) - {n // 16})
-                assert (flat[row, swapped] - kth).abs().max() < 2 * 2**-10
+                assert (flat[row, swapped] - kth).abs().max() < 2 * STEP
             if n // 16 > cfg.budget_pages:
                 taken = want_sel[row]
                 left = torch.ones(n // 16, dtype=torch.bool)
                 left[taken] = False
-                # The key rule is the top-k up to ties within one key step (2^-10 nats).
-                assert flat[row, taken].min() >= flat[row, : n // 16][left].max() - 2**-10
+                # The key rule is the top-k up to ties within one key step, where shares lie above
+                # e^-KEY_RANGE (below it all pages share the lowest key).
+                floor = float(offset[row]) - KEY_RANGE.value
+                assert flat[row, taken].min() >= min(flat[row, : n // 16][left].max(), floor) - STEP
                 assert set(taken.tolist()) >= {0, n // 16 - 2, n // 16 - 1}
 
 
@@ -155,7 +161,8 @@ def test_key_rule_is_exact_top_k_without_near_ties():
     agg = torch.tensor([[[-3.0, -1.0, -2.5, float("inf"), -0.5, float("-inf"), -7.0]]])
     sel = select_pages_by_key_torch(agg, torch.zeros(1), 3)
     assert sel.tolist() == [[1, 3, 4]]
-    assert page_key_torch(torch.tensor([[-64.5, -1.0, 0.0]]), torch.zeros(1)).tolist() == [[0, 64512, 65534]]
+    assert page_key_torch(torch.tensor([[-16.5, -1.0, -1.03, 0.0, float("inf")]]), torch.zeros(1)).tolist() == [
+        [0, 240, 239, 254, 255]]
 
 
 @pytest.mark.parametrize("group", [1, 4])
