@@ -6,6 +6,7 @@ import torch
 from helpers import random_cache
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
+from sglang_locks.kernels.aggregate_scores import KEY_SCALE
 from sglang_locks.kernels.selected_indices import selected_indices_torch
 from sglang_locks.selection import selected_pages
 from sglang_locks.sparse_decode import SparseDecodeWrapper, dense_decode_reference, sparse_decode_reference
@@ -63,10 +64,26 @@ def test_locks_step_matches_reference(seq_lens, hkv, group, precision):
     # Attention over the pages the GPU picked, within bf16 precision.
     ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, got, last_page_len, hkv, 128**-0.5)
     assert _rel(out, ref) < 1e-2
-    # The picks agree with the float64 reference's but for near-ties.
-    _, want = selected_indices_reference(q, c, cfg)
+    # The picks are the float64 reference's but for near-ties: a page swapped in or out lies within
+    # one selection-key step (plus the kernels' rounding) of the reference's k-th aggregated score.
+    _, want, agg = selected_indices_reference(q, c, cfg)
     same = sum(len(set(got[a:b].tolist()) & set(want[a:b].tolist())) for a, b in zip(indptr[:-1], indptr[1:]))
-    assert same >= 0.97 * len(want)
+    assert same >= 0.9 * len(want)
+    step = 1 / KEY_SCALE.value
+    agg = agg.view(bsz * hkv, -1).cpu()
+    for row in range(bsz * hkv):
+        a, b = int(indptr[row]), int(indptr[row + 1])
+        swapped = set(got[a:b].tolist()) ^ set(want[a:b].tolist())
+        if not swapped:
+            continue
+        req = int(c["req_pool_indices"][row // hkv])
+        page_of = {int(slot) * hkv + row % hkv: p for p, slot in enumerate(c["req_to_token"][req, ::16].tolist())}
+        n_sealed = int(c["seq_lens"][row // hkv]) // 16  # the tail page, always taken, has no score
+        want_pages = torch.tensor([page_of[e] for e in want[a:b].tolist() if page_of[e] < n_sealed])
+        taken = agg[row, want_pages]
+        kth = taken[torch.isfinite(taken)].min()
+        gap = (agg[row, torch.tensor([page_of[e] for e in swapped])] - kth).abs()
+        assert gap.max() < 2 * step + 0.02, (row, gap)
 
 
 def selected_indices_reference(q, c, cfg):
@@ -79,7 +96,9 @@ def selected_indices_reference(q, c, cfg):
     scores = score_pages_torch(q.double(), c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
     agg = aggregate_scores_torch(scores, c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
     sel = select_pages(agg, cfg.budget_pages)
-    return selected_indices_torch(sel.cpu(), c["req_to_token"].cpu(), c["req_pool_indices"].cpu(), c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    indptr, indices = selected_indices_torch(sel.cpu(), c["req_to_token"].cpu(), c["req_pool_indices"].cpu(),
+                                             c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    return indptr, indices, agg
 
 
 @pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)

@@ -147,6 +147,22 @@ def test_equal_scores_over_several_blocks_take_the_first_pages(device):
     assert torch.equal(got.long(), table[torch.tensor(pages) * 16] * hkv)
 
 
+def test_pages_below_the_key_range_fill_the_budget_in_page_order(device):
+    """Shares below e^-KEY_RANGE all get the lowest key: after the pages above it, the budget's
+    remaining slots go to the first such pages, over several programs."""
+    n_pages, hkv = 3000, 1
+    cfg = LocksConfig(token_budget=16 * 8, sink_pages=1, local_pages=2)
+    c = random_cache([16 * n_pages + 5], hkv, 64, device=device)
+    scores = torch.full((1, 4, n_pages), -60.0)
+    high = [1500, 2100]
+    scores[..., high] = 0.0
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    _, got = _select(c, (scores, lse, torch.ones_like(lse)), hkv, cfg, SelectionState(1, device))
+    table = c["req_to_token"][int(c["req_pool_indices"][0])].cpu().long()
+    pages = [0, 1, 2, 3, 1500, 2100, n_pages - 2, n_pages - 1, n_pages]  # the tail page last
+    assert torch.equal(got.long(), table[torch.tensor(pages) * 16] * hkv)
+
+
 def test_selection_grid_stays_resident():
     """The kernel's row barrier needs every program of the grid resident at once: <= 2 per SM."""
     sms = num_sms(torch.device("cpu"))
