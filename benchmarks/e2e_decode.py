@@ -134,7 +134,7 @@ def run_plan(args, save=lambda rows: None) -> list:
     """Rows of every selected case; save(rows) after each case, so that a run cut short (a time
     limit) keeps the cases it finished."""
     rows = []
-    for tool, shape, batch, contexts in selected_cases(args.only, args.case):
+    for n, (tool, shape, batch, contexts) in enumerate(selected_cases(args.only, args.case)):
         times, errors = {}, {}
         for mode in ("fullkv", "locks"):
             with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
@@ -150,7 +150,9 @@ def run_plan(args, save=lambda rows: None) -> list:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             log = proc.stdout + proc.stderr
             if args.log_dir:
-                with open(os.path.join(args.log_dir, f"{tool}_{shape}_bs{batch}_{max(contexts)}_{mode}.log"), "w") as f:
+                # The case's position keeps a case repeated in one run from overwriting its logs.
+                name = f"{n}_{tool}_{shape}_bs{batch}_{max(contexts)}_{mode}.log"
+                with open(os.path.join(args.log_dir, name), "w") as f:
                     f.write(log)
             times[mode] = read_step_times(result)
             if proc.returncode:
