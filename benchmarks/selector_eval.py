@@ -24,7 +24,7 @@ import torch
 
 import sglang_locks.evaluate as evaluate_module
 from sglang_locks.kernels.aggregate_scores import KEY_RANGE, KEY_SCALE
-from sglang_locks.kernels.selected_indices import top_keys_torch
+from sglang_locks.kernels.selected_indices import select_pages_by_key_torch
 from sglang_locks.selection import select_pages
 from sglang_locks.synthetic import structured_kv
 
@@ -35,16 +35,11 @@ KEY_RULES = [(1 / 1024, 64.0), (1 / KEY_SCALE.value, KEY_RANGE.value), (1 / 8, 3
 
 
 def key_rule_select(step: float, span: float, group: int):
-    """select_pages with keys floor((share + span) / step) in [0, span / step), forced pages above, ties in page order."""
-    top = round(span / step)
-
+    """select_pages ranking by the kernel's kind of key at another resolution (mass aggregation:
+    a page's share of its group's mass is agg - log G)."""
     def select(agg, budget_pages):
-        rows = agg.shape[0] * agg.shape[1]
-        flat = agg.reshape(rows, -1).double()
-        key = torch.clamp(torch.floor((flat - math.log(group) + span) / step), 0, top - 1)
-        key = torch.where(flat == float("inf"), torch.full_like(key, top), key)
-        key = torch.where(flat == float("-inf"), torch.full_like(key, -1), key)
-        return top_keys_torch(key, min(budget_pages, flat.shape[1]))
+        offset = torch.full((agg.shape[0] * agg.shape[1],), math.log(group))
+        return select_pages_by_key_torch(agg, offset, budget_pages, scale=1 / step, span=span)
     return select
 
 

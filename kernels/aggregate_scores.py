@@ -153,11 +153,14 @@ def key_offset_torch(part_max, part_sum, num_kv_heads, mode) -> torch.Tensor:
     return torch.logsumexp(lse.view(bsz * num_kv_heads, group), -1)
 
 
-def page_key_torch(agg: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """Reference of page_key (agg [rows, P], offset [rows]), in float32 like the kernel, so keys match exactly."""
-    v = (agg.float() - offset.float()[:, None] + KEY_RANGE.value) * KEY_SCALE.value
-    key = v.clamp(0, FORCED_KEY.value - 1).floor().long()
-    return torch.where(agg == float("inf"), torch.full_like(key, FORCED_KEY.value), key)
+def page_key_torch(agg: torch.Tensor, offset: torch.Tensor, scale: float = KEY_SCALE.value,
+                   span: float = KEY_RANGE.value) -> torch.Tensor:
+    """Reference of page_key (agg [rows, P], offset [rows]), in float32 like the kernel, so keys match exactly.
+    scale / span: keys of other resolutions (steps of 1/scale nat over span nats), for comparisons."""
+    forced = round(span * scale) - 1
+    v = (agg.float() - offset.float()[:, None] + span) * scale
+    key = v.clamp(0, forced - 1).floor().long()
+    return torch.where(agg == float("inf"), torch.full_like(key, forced), key)
 
 
 def aggregate_scores_torch(scores, seq_lens, num_kv_heads, sink_pages, local_pages, mode):

@@ -208,28 +208,24 @@ def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_i
     return indices
 
 
-def top_keys_torch(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """Per row of keys [rows, P] (-1: never taken) the pages of the k largest keys, ties at the k-th
-    key taken in page order (the kernel's rule); page ids [rows, k] in ascending order."""
-    out = torch.zeros(keys.shape[0], k, dtype=torch.int64)
-    for row in range(keys.shape[0]):
+def select_pages_by_key_torch(agg, key_offset, budget_pages, **key_rule):
+    """Reference of the kernel's top-k: per row the pages with the budget_pages largest keys,
+    ties at the k-th key taken in page order; logical page ids [B * H_kv, k] in ascending order.
+    key_rule: page_key_torch's scale / span, for keys of other resolutions."""
+    from .aggregate_scores import page_key_torch
+
+    rows = agg.shape[0] * agg.shape[1]
+    flat = agg.reshape(rows, -1)
+    keys = page_key_torch(flat, key_offset, **key_rule)
+    keys = torch.where(flat == float("-inf"), torch.full_like(keys, -1), keys)  # padding never competes
+    k = min(budget_pages, flat.shape[1])
+    out = torch.zeros(rows, k, dtype=torch.int64)
+    for row in range(rows):
         kth = keys[row].topk(k).values[-1] if k else 0
         above = (keys[row] > kth).nonzero().flatten()
         ties = (keys[row] == kth).nonzero().flatten()[: k - above.numel()]
         out[row] = torch.cat([above, ties]).sort().values
     return out
-
-
-def select_pages_by_key_torch(agg, key_offset, budget_pages):
-    """Reference of the kernel's top-k: per row the pages with the budget_pages largest keys,
-    ties at the k-th key taken in page order; logical page ids [B * H_kv, k] in ascending order."""
-    from .aggregate_scores import page_key_torch
-
-    rows = agg.shape[0] * agg.shape[1]
-    flat = agg.reshape(rows, -1)
-    keys = page_key_torch(flat, key_offset)
-    keys = torch.where(flat == float("-inf"), torch.full_like(keys, -1), keys)  # padding never competes
-    return top_keys_torch(keys, min(budget_pages, flat.shape[1]))
 
 
 def selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, num_kv_heads, budget_pages):
