@@ -43,10 +43,11 @@ PLAN = [
     ("bench_one_batch", "llama8b", 1, [32 * K, 128 * K, 256 * K]),
     ("bench_one_batch", "llama8b", 4, [32 * K, 128 * K]),
     ("bench_one_batch", "glm4-9b-1m", 1, [256 * K]),
-    ("synthetic", "llama8b", 1, [32 * K, 128 * K, 256 * K]),
+    # 8K-128K (GLM): where LOCKS stops paying off (fixed per-layer costs vs a short dense read).
+    ("synthetic", "llama8b", 1, [8 * K, 16 * K, 32 * K, 128 * K, 256 * K]),
     ("synthetic", "llama8b", 4, [32 * K, 128 * K]),
     # 1M - 1K: the server's --context-length (context + HEADROOM) may not pass GLM's 1M positions.
-    ("synthetic", "glm4-9b-1m", 1, [256 * K, 512 * K, 1023 * K]),
+    ("synthetic", "glm4-9b-1m", 1, [32 * K, 64 * K, 128 * K, 256 * K, 512 * K, 1023 * K]),
 ]
 OUTPUT_LEN = 32
 HEADROOM = 1024  # --context-length beyond the longest context: the decoded tokens
