@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Tuple
+from typing import Optional, Tuple
 
 PAGE_SIZE = 16
 SUMMARY_PRECISIONS = ("fp32", "bf16", "int8-int4-int8")
@@ -31,6 +31,7 @@ class LocksConfig:
     summary_precision: str = "int8-int4-int8"
     gqa_aggregation: str = "mass"
     min_context: int = 0
+    min_step_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.page_size != PAGE_SIZE:
@@ -58,6 +59,8 @@ class LocksConfig:
             )
         if self.min_context < 0:
             raise ValueError(f"min_context must be >= 0 tokens, got {self.min_context}")
+        if self.min_step_tokens is not None and self.min_step_tokens < 0:
+            raise ValueError(f"min_step_tokens must be >= 0 tokens (0: never dense), got {self.min_step_tokens}")
         if self.gqa_aggregation not in GQA_AGGREGATIONS:
             raise ValueError(
                 f"gqa_aggregation must be one of {GQA_AGGREGATIONS}, got {self.gqa_aggregation!r}"

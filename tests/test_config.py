@@ -22,6 +22,7 @@ def test_defaults_valid():
         (dict(dense_layers=(-1,)), "dense_layers"),
         (dict(summary_precision="int2"), "summary_precision"),
         (dict(gqa_aggregation="mean"), "gqa_aggregation"),
+        (dict(min_step_tokens=-1), "min_step_tokens"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, field):

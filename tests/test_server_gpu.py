@@ -5,7 +5,9 @@
     python -m pytest -q -rs tests/test_server_gpu.py
 
 Two servers (about a minute each to start): stock FlashInfer (page size 16)
-and --enable-locks --locks-token-budget 2048 with a 40K context.
+and --enable-locks --locks-token-budget 2048 with a 40K context, whose decode
+steps of fewer than 1024 KV tokens in all run FlashInfer's dense decode
+(--locks-min-step-tokens 1024), so both decode graphs of each batch size serve.
 """
 
 import concurrent.futures
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.gpu
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.environ.get("LOCKS_GPU_MODEL", os.path.join(ROOT, ".gpu-kit", "llama8b-dummy"))
 LOG_DIR = os.environ.get("OUT", "/tmp")
-BUDGET, CONTEXT = 2048, 40960
+BUDGET, CONTEXT, MIN_STEP_TOKENS = 2048, 40960, 1024
 COMMON = ["--model-path", MODEL, "--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(CONTEXT),
           "--mem-fraction-static", "0.6", "--cuda-graph-max-bs", "8", "--disable-prefill-cuda-graph",
           "--host", "127.0.0.1"]
@@ -97,7 +99,8 @@ def stock_outputs():
 
 @pytest.fixture(scope="module")
 def locks(stock_outputs):
-    s = Server("locks", 30012, ["--enable-locks", "--locks-token-budget", str(BUDGET)],
+    s = Server("locks", 30012, ["--enable-locks", "--locks-token-budget", str(BUDGET),
+                                "--locks-min-step-tokens", str(MIN_STEP_TOKENS)],
                env={"SGLANG_LOCKS_CHECK_STALE": "1"})
     yield s
     s.stop()
@@ -107,6 +110,18 @@ def test_greedy_tokens_equal_stock_when_budget_covers_the_context(stock_outputs,
     got = [r["output_ids"] for r in locks.generate_all(EQUALITY_PROMPTS)]
     for n, w, g in zip(map(len, EQUALITY_PROMPTS), stock_outputs, got):
         assert g == w, f"prompt of {n} tokens: first difference at {next(i for i, (a, b) in enumerate(zip(w, g)) if a != b)}"
+
+
+@pytest.mark.parametrize("index, variant", [(0, "dense"), (3, "locks")])
+def test_each_step_takes_its_variant_and_matches_stock(stock_outputs, locks, index, variant):
+    """A request alone: 17 + 32 tokens decode through the dense graphs, 1555 + 32 through LOCKS's."""
+    before = locks.locks_counters()
+    got = locks.generate(EQUALITY_PROMPTS[index])["output_ids"]
+    after = locks.locks_counters()
+    steps = {v: after[f"{v}_decode_steps"] - before[f"{v}_decode_steps"] for v in ("dense", "locks")}
+    other = "locks" if variant == "dense" else "dense"
+    assert steps[variant] >= 31 and steps[other] == 0, steps
+    assert got == stock_outputs[index]
 
 
 def test_long_contexts_served_concurrently_with_budget_2048(locks):

@@ -6,10 +6,11 @@ registers hooks; each hook is a no-op unless the server runs with --enable-locks
 
 from __future__ import annotations
 
-from . import counters, memory, server_args, summary_store
+from . import counters, graph_variants, memory, server_args, summary_store
 
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 ALLOCATOR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
+DECODE_GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 
 # (target, hook, hook type name): everything the plugin patches.
 HOOKS = (
@@ -21,6 +22,8 @@ HOOKS = (
      memory.add_summary_bytes, "AFTER"),
     ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", counters.count_reused_pages, "AROUND"),
     ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", counters.add_locks_state, "AFTER"),
+    (f"{DECODE_GRAPHS}.capture_one_shape", graph_variants.capture_each_variant, "AROUND"),
+    (f"{DECODE_GRAPHS}._make_graph_key", graph_variants.key_with_variant, "AROUND"),
 )
 
 

@@ -1,12 +1,15 @@
 """SGLang's FlashInfer backend with LOCKS decode; registered as "flashinfer" (stock without --enable-locks).
 
 Prefill/extend is FlashInfer's, followed per layer by the summaries of the
-pages the extend sealed. Decode: a LocksDecode is planned once per step on
-the host (one per captured batch size under CUDA graphs, static buffers) and
-run per layer. Layers in --locks-dense-layers decode through FlashInfer, and
-so do requests shorter than --locks-min-context when that exceeds the budget:
-they run through FlashInfer's plan with the long requests' lengths set to 1,
-LOCKS with the short ones' set to 1, and each row keeps its path's output.
+pages the extend sealed. Decode: a step whose requests hold fewer KV tokens
+in all than --locks-min-step-tokens is FlashInfer's own decode (the DENSE
+variant, see graph_variants); otherwise a LocksDecode is planned once per
+step on the host (one per captured batch size under CUDA graphs, static
+buffers) and run per layer. Layers in --locks-dense-layers decode through
+FlashInfer, and so do requests shorter than --locks-min-context when that
+exceeds the budget: they run through FlashInfer's plan with the long
+requests' lengths set to 1, LOCKS with the short ones' set to 1, and each
+row keeps its path's output.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sglang.srt.runtime_context import get_parallel
 
 from ..config import PAGE_SIZE, LocksConfig
 from ..decode import LocksDecode
+from .graph_variants import DENSE, LOCKS, default_min_step_tokens, step_variant
 from .summary_store import SealedPages, SummaryStore, attach_store, store_for_pool
 
 logger = logging.getLogger(__name__)
@@ -89,6 +93,12 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.decoder: Optional[LocksDecode] = None
         self.sealed: Optional[SealedPages] = None
         self.check_stale = os.environ.get(CHECK_ENV, "0") == "1"
+        self.min_step_tokens = (default_min_step_tokens(self.num_kv_heads) if config.min_step_tokens is None
+                                else config.min_step_tokens)
+        self.variant = LOCKS  # of the decode step being planned, or of the graph being captured
+        self._stock_graph_bs = set()  # batch sizes whose FlashInfer graph wrappers exist
+        logger.info("LOCKS: decode steps with fewer than %d KV tokens in all decode densely (--locks-min-step-tokens)",
+                    self.min_step_tokens)
 
     def _store_for(self, runner, locks_layers) -> SummaryStore:
         pool = self.token_to_kv_pool
@@ -105,11 +115,18 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         return store
 
     # ------------------------------------------------------------ per-step metadata
+    def graph_variants(self) -> Tuple[str, ...]:
+        """The decode graphs captured per batch size (graph_variants' hooks)."""
+        return (LOCKS, DENSE) if self.min_step_tokens > 0 else (LOCKS,)
+
     def init_forward_metadata(self, forward_batch):
         self.store.flush_pending(self.token_to_kv_pool)
         mode = forward_batch.forward_mode
         if mode.is_decode():
             bs = forward_batch.batch_size
+            if self._start_decode_step(forward_batch) == DENSE:
+                super().init_forward_metadata(forward_batch)
+                return
             if bs > self.eager_capacity:  # grows by doubling: few re-allocations
                 self.eager_capacity = max(bs, 2 * self.eager_capacity)
                 self.eager_decoder = self._new_decoder(self.eager_capacity, use_cuda_graph=False)
@@ -128,12 +145,17 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         mode = forward_batch.forward_mode
         if mode.is_decode():
             bs = forward_batch.batch_size
-            if in_capture:
+            if not in_capture:  # in capture the hook on capture_one_shape sets the variant
+                self._start_decode_step(forward_batch)
+            if self.variant == DENSE:
+                self._stock_out_graph(forward_batch, in_capture)
+                return
+            if in_capture and bs not in self.graph_decoders:
                 self.graph_decoders[bs] = self._new_decoder(bs, use_cuda_graph=True)
             self._plan_decode(forward_batch, self.graph_decoders[bs], self.graph_rows, self.static_max_pages,
-                              record_seals=not in_capture)
+                              check_stale=not in_capture)
             if self.needs_stock_decode:
-                super().init_forward_metadata_out_graph(self._stock_view(forward_batch), in_capture)
+                self._stock_out_graph(self._stock_view(forward_batch), in_capture)
             return
         super().init_forward_metadata_out_graph(forward_batch, in_capture)
         if mode.is_extend():
@@ -141,6 +163,24 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
                 raise ValueError("--enable-locks does not support --cuda-graph-backend-prefill full "
                                  "(summaries are built eagerly after each layer's KV write)")
             self._plan_extend(forward_batch)
+
+    def _start_decode_step(self, fb) -> str:
+        """A real decode step (not a capture): record its seals, whatever the variant, and choose it."""
+        bs = fb.batch_size
+        lens_cpu = fb.seq_lens_cpu[:bs]
+        self.store.record_decode_seals(self.req_to_token_pool.req_to_token, fb.req_pool_indices[:bs], lens_cpu)
+        self.variant = step_variant(lens_cpu, self.min_step_tokens)
+        self.store.count_step(self.variant)
+        return self.variant
+
+    def _stock_out_graph(self, fb, in_capture: bool) -> None:
+        """FlashInfer's own graph metadata; its wrappers are created once per batch size, so that the
+        graphs of both variants (and both captures of one batch size) share them."""
+        bs = fb.batch_size
+        first = in_capture and bs not in self._stock_graph_bs
+        if first:
+            self._stock_graph_bs.add(bs)
+        super().init_forward_metadata_out_graph(fb, first)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
@@ -154,13 +194,10 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         return LocksDecode(self.config, self.locks_workspace, self.num_qo_heads, self.num_kv_heads,
                            self.head_dim, bs, use_cuda_graph)
 
-    def _plan_decode(self, fb, decoder: LocksDecode, rows, max_pages, record_seals: bool = True) -> None:
+    def _plan_decode(self, fb, decoder: LocksDecode, rows, max_pages, check_stale: bool = True) -> None:
         bs = fb.batch_size
         self.locks_seq_lens, self.short_rows = rows[0][:bs], rows[1][:bs]
         lens_cpu = fb.seq_lens_cpu[:bs]
-        req_to_token = self.req_to_token_pool.req_to_token
-        if record_seals:
-            self.store.record_decode_seals(req_to_token, fb.req_pool_indices[:bs], lens_cpu)
         locks_lens = lens_cpu
         if self.dense_rows:
             short = lens_cpu < self.config.min_context
@@ -169,8 +206,9 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.locks_seq_lens.copy_(locks_lens, non_blocking=True)
         decoder.plan(locks_lens, self.q_dtype, self.kv_dtype, self.sm_scale, max_pages)
         self.decoder = decoder
-        if self.check_stale and record_seals:
-            self.store.check_scorable(req_to_token, fb.req_pool_indices[:bs], self.locks_seq_lens)
+        if self.check_stale and check_stale:
+            self.store.check_scorable(self.req_to_token_pool.req_to_token, fb.req_pool_indices[:bs],
+                                      self.locks_seq_lens)
 
     def _stock_view(self, fb):
         """The batch FlashInfer's own decode plan sees: long rows cut to 1 token when short rows go dense."""
@@ -198,7 +236,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         return o
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-        if layer.layer_id in self.config.dense_layers:
+        if self.variant == DENSE or layer.layer_id in self.config.dense_layers:
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         if k is not None and save_kv_cache:
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v,

@@ -28,6 +28,7 @@ FLAGS = {
     "local_pages": "--locks-local-pages",
     "dense_layers": "--locks-dense-layers",
     "min_context": "--locks-min-context",
+    "min_step_tokens": "--locks-min-step-tokens",
     "summary_precision": "--locks-summary-precision",
 }
 # SGLang: the KV cache must hold what the summaries and FlashInfer sparse decode read as is.
@@ -56,6 +57,9 @@ def add_locks_args(_result, parser: argparse.ArgumentParser) -> None:
                    help="Comma-separated layer indices decoded densely by FlashInfer.")
     g.add_argument("--locks-min-context", type=int, default=None,
                    help="Requests with fewer tokens decode densely (default: the token budget).")
+    g.add_argument("--locks-min-step-tokens", type=int, default=None,
+                   help="Decode steps whose requests hold fewer KV tokens in all run FlashInfer's dense decode "
+                        "(default: 262144 / KV heads per GPU, where LOCKS stops paying off; 0: never).")
     g.add_argument("--locks-summary-precision", choices=SUMMARY_PRECISIONS, default=_DEFAULTS.summary_precision,
                    help="Storage of the page summaries.")
 
@@ -74,7 +78,8 @@ def locks_config_from_args(ns: argparse.Namespace) -> Optional[LocksConfig]:
     try:
         config = LocksConfig(rank=ns.locks_rank, token_budget=ns.locks_token_budget, sink_pages=ns.locks_sink_pages,
                              local_pages=ns.locks_local_pages, dense_layers=tuple(ns.locks_dense_layers),
-                             summary_precision=ns.locks_summary_precision, min_context=min_context)
+                             summary_precision=ns.locks_summary_precision, min_context=min_context,
+                             min_step_tokens=ns.locks_min_step_tokens)
     except ValueError as e:
         raise _flag_error(str(e)) from None
     if config.local_pages < 1:

@@ -20,6 +20,8 @@ All bookkeeping is device work on the caller's stream: no host syncs.
 
 from __future__ import annotations
 
+import collections
+
 import weakref
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -82,6 +84,7 @@ class SummaryStore:
         self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (pages, generation when sealed)
         self.built_pages = 0  # pages handed to a build (host count)
         self.reused_pages = 0  # sealed pages of radix-cache hits, never rebuilt
+        self.decode_steps: Dict[str, int] = collections.Counter()  # per variant (graph_variants)
         self._dropped = torch.zeros((), dtype=torch.int64, device=device)  # released before their build
         self._stale_scorable = torch.zeros((), dtype=torch.int64, device=device)  # see check_scorable
 
@@ -197,6 +200,9 @@ class SummaryStore:
     def count_reused(self, pages: int) -> None:
         self.reused_pages += pages
 
+    def count_step(self, variant: str) -> None:
+        self.decode_steps[variant] += 1
+
     def counters(self) -> Dict[str, int]:
         dropped = int(self._dropped)
         return {
@@ -205,6 +211,8 @@ class SummaryStore:
             "dropped_released_pages": dropped,
             "stale_scorable_pages": int(self._stale_scorable),
             "store_bytes": self.nbytes(),
+            "locks_decode_steps": self.decode_steps["locks"],
+            "dense_decode_steps": self.decode_steps["dense"],
         }
 
 
