@@ -54,14 +54,15 @@ def test_graph_label_keeps_sglangs_label():
 
 
 def test_each_variant_captured_with_the_backend_set_to_it():
-    backend = FakeBackend()
     seen = []
-    capture_each_variant(lambda runner, bs, fwd: seen.append((bs, runner.attn_backend.variant)), FakeRunner(backend),
-                         8, None)
+
+    def capture(runner, bs, forward):
+        seen.append((bs, runner.attn_backend.variant))
+
+    capture_each_variant(capture, FakeRunner(FakeBackend()), 8, None)
     assert seen == [(8, LOCKS), (8, DENSE)]
-    one = FakeBackend(variants=(LOCKS,))
     seen.clear()
-    capture_each_variant(lambda runner, bs, fwd: seen.append((bs, runner.attn_backend.variant)), FakeRunner(one), 4, None)
+    capture_each_variant(capture, FakeRunner(FakeBackend(variants=(LOCKS,))), 4, None)
     assert seen == [(4, LOCKS)]
 
 
