@@ -11,8 +11,8 @@ device-to-device copy measured in the same run is the ceiling a score kernel
 written this way can reach; the score kernel's own (score_sweep.py, 44 % of
 copy bandwidth at Llama 128K) shows how much its math costs on top. Its loads
 feed no dot, so Triton issues them as plain loads (no cp.async pipeline; 32-40
-registers): the loads in flight come from the programs resident on an SM
-(--programs-per-sm). Pages
+registers; num_stages changes nothing, so it is not swept): the loads in
+flight come from the programs resident on an SM (--programs-per-sm). Pages
 are sequential or scattered (--scatter: a random permutation, as a long-lived
 server's allocator leaves them). CUDA-graph medians of 20 launches.
 """
@@ -70,22 +70,25 @@ def _gather_kernel(mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr, ta
     tl.store(out_ptr + (tl.num_programs(0) + row) * n_chunks + chunk, tl.sum(acc_f, 0).to(tl.int32, bitcast=True))
 
 
-def gather_summaries(summaries, table, n_sealed: int, n_chunks: int, block_pages=16, num_warps=2, num_stages=2):
+def gather_summaries(summaries, table, n_sealed: int, n_chunks: int, block_pages=16, num_warps=2):
     """Launch over one request's n_sealed pages, all KV heads: int32 [2, H_kv, n_chunks] (XOR of the summary
     words, float scale sums bit-cast)."""
     hkv, d, r = summaries.num_kv_heads, summaries.mu.shape[-1], summaries.rank
     out = torch.empty(2, hkv, n_chunks, dtype=torch.int32, device=table.device)
     _gather_kernel[(hkv, n_chunks)](summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef,
                                     summaries.coef_scale, table, n_sealed, n_chunks, out,
-                                    HKV=hkv, D=d, R=r, BLOCK_P=block_pages, num_warps=num_warps, num_stages=num_stages)
+                                    HKV=hkv, D=d, R=r, BLOCK_P=block_pages, num_warps=num_warps)
     return out
 
 
 def _xor(t: torch.Tensor, dim: int) -> torch.Tensor:
-    out = torch.zeros(t.shape[:dim] + t.shape[dim + 1:], dtype=t.dtype, device=t.device)
-    for i in range(t.shape[dim]):
-        out ^= t.select(dim, i)
-    return out
+    """XOR over dim, by halving (log2 of its size ops, not one per element)."""
+    t = t.movedim(dim, -1)
+    while t.shape[-1] > 1:
+        if t.shape[-1] % 2:
+            t = torch.nn.functional.pad(t, (0, 1))
+        t = t[..., 0::2] ^ t[..., 1::2]
+    return t[..., 0] if t.shape[-1] else torch.zeros(t.shape[:-1], dtype=t.dtype, device=t.device)
 
 
 def gather_reference(summaries, table, n_sealed: int):
@@ -119,7 +122,6 @@ def main():
     ap.add_argument("--contexts", default="131072,1048576", help="one per shape, in order")
     ap.add_argument("--block-pages", default="8,16,32")
     ap.add_argument("--num-warps", default="2,4")
-    ap.add_argument("--num-stages", default="2,3,4")
     ap.add_argument("--programs-per-sm", default="8,16,32", help="chunks per row = this x SMs / KV heads")
     ap.add_argument("--scatter", action="store_true", help="pages in random order, not sequential")
     args = ap.parse_args()
@@ -135,10 +137,10 @@ def main():
         # One request's req_to_token row: page 0 unused, as in SGLang.
         table = ((order + 1).to(torch.int32)[:, None] * PAGE_SIZE + offsets).reshape(-1)
         moved = hkv * n_sealed * summaries.bytes_per_page_per_head() + n_sealed * 4
-        for bp, nw, ns, pps in itertools.product(*(map(int, a.split(",")) for a in (
-                args.block_pages, args.num_warps, args.num_stages, args.programs_per_sm))):
+        for bp, nw, pps in itertools.product(*(map(int, a.split(",")) for a in (
+                args.block_pages, args.num_warps, args.programs_per_sm))):
             n_chunks = max(1, pps * sms // hkv)
-            launch = dict(block_pages=bp, num_warps=nw, num_stages=ns)
+            launch = dict(block_pages=bp, num_warps=nw)
             check(summaries, table, n_sealed, n_chunks, **launch)
             us = launch_us(lambda: gather_summaries(summaries, table, n_sealed, n_chunks, **launch))
             rows.append(dict(shape=shape, context=context, scatter=args.scatter, programs_per_sm=pps, **launch,

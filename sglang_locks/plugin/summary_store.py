@@ -21,7 +21,6 @@ All bookkeeping is device work on the caller's stream: no host syncs.
 from __future__ import annotations
 
 import collections
-
 import weakref
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
