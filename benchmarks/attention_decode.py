@@ -14,6 +14,7 @@ rows record how many.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -26,8 +27,9 @@ import torch
 
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
-from sglang_locks.kernels.score_pages import score_pages_triton
-from sglang_locks.kernels.selected_indices import selected_indices_triton
+from sglang_locks.kernels.score_pages import CENTROID_BLOCK_PAGES, score_chunks, score_pages_triton
+from sglang_locks.kernels.selected_indices import candidate_pages_triton, selected_indices_triton
+from sglang_locks.scoring import locks_scores_triton, prefiltered
 from sglang_locks.selection import selected_lengths
 from sglang_locks.summaries import PageSummaries
 
@@ -119,21 +121,22 @@ def fastest_score_options(sweep_json: str) -> dict:
     return {shape: {k: r[k] for k in keys if k in r} for shape, r in best.items()}
 
 
-def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score_options=None):
+def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score_options=None, prefilters=(0,)):
+    """One row per prefilter setting, all against the same dense measurement."""
     layers, hkv, hq, d = SHAPES[shape]
     slots = bsz * context + 16  # page 0 stays unused, as in SGLang
     kv_layer_bytes = slots * hkv * d * 2 * 2
     n_kv = max(1, min(layers, int(kv_cap_gib * GIB // kv_layer_bytes)))
-    cfg = LocksConfig(token_budget=budget)
+    base = LocksConfig(token_budget=budget)
     num_pages = slots // 16
-    probe = PageSummaries.allocate(1, 1, d, cfg.rank, cfg.summary_precision)
+    probe = PageSummaries.allocate(1, 1, d, base.rank, base.summary_precision)
     sum_layer_bytes = num_pages * hkv * probe.bytes_per_page_per_head()
     n_sum = max(1, min(layers, int(sum_cap_gib * GIB // sum_layer_bytes)))
     if n_kv * kv_layer_bytes > 125 * GIB:
-        return None
+        return []
     ks = [torch.empty(slots, hkv, d, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(n_kv)]
     vs = [torch.empty(slots, hkv, d, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(n_kv)]
-    sums = [random_summaries(num_pages, hkv, d, cfg.rank) for _ in range(n_sum)]
+    sums = [random_summaries(num_pages, hkv, d, base.rank) for _ in range(n_sum)]
     req_to_token = (torch.arange(bsz * context, device="cuda", dtype=torch.int32) + 16).view(bsz, context)
     req_pool = torch.arange(bsz, device="cuda", dtype=torch.int32)
     seq_lens_cpu = torch.full((bsz,), context, dtype=torch.int32)
@@ -164,56 +167,97 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
 
         dense["tc" if tc else "cuda_cores"] = graph_ms(dense_step, reps)
     dense_ms = min(dense.values())
-
-    dec = LocksDecode(cfg, workspace, hq, hkv, d, bsz, use_cuda_graph=True, score_options=score_options)
-    dec.plan(seq_lens_cpu, torch.bfloat16, torch.bfloat16, sm_scale)
     tables = (req_to_token, req_pool, seq_lens)
+    n_sealed = context // 16
+    selected_tokens = int(selected_lengths(seq_lens_cpu, hkv, base.budget_pages).sum())
+    rows = []
+    for prefilter in prefilters:
+        cfg = dataclasses.replace(base, prefilter=prefilter)
+        dec = LocksDecode(cfg, workspace, hq, hkv, d, bsz, use_cuda_graph=True, score_options=score_options)
+        dec.plan(seq_lens_cpu, torch.bfloat16, torch.bfloat16, sm_scale)
+        forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
 
-    def locks_step():
-        for layer in range(layers):
-            dec.run(q, ks[layer % n_kv], vs[layer % n_kv], sums[layer % n_sum], *tables)
+        def locks_step():
+            for layer in range(layers):
+                dec.run(q, ks[layer % n_kv], vs[layer % n_kv], sums[layer % n_sum], *tables)
 
-    def score_step():
-        for layer in range(layers):
-            score_pages_triton(q, sums[layer % n_sum], *tables, dec.max_pages, sm_scale, **dec.score_options)
+        def score_step():  # prefiltered: the centroid launch, the candidates' selection and their full scores
+            for layer in range(layers):
+                locks_scores_triton(q, sums[layer % n_sum], *tables, dec.max_pages, sm_scale, cfg,
+                                    dec.selection_state, dec.candidates, dec.score_options)
 
-    parts = score_pages_triton(q, sums[0], *tables, dec.max_pages, sm_scale, **dec.score_options)
+        parts = locks_scores_triton(q, sums[0], *tables, dec.max_pages, sm_scale, cfg, dec.selection_state,
+                                    dec.candidates, dec.score_options)
+
+        def select_step():  # aggregate, page keys, radix top-k and page entries: one kernel
+            for _ in range(layers):
+                selected_indices_triton(*parts, *tables, dec.sparse.indptr, dec.sparse.indices, hkv, *forced,
+                                        cfg.budget_pages, dec.selection_state)
+
+        def attend_step():
+            for layer in range(layers):
+                dec.sparse.run(q, ks[layer % n_kv], vs[layer % n_kv])
+
+        locks_ms = graph_ms(locks_step, reps)
+        score_ms, select_ms, attend_ms = (graph_ms(f, reps) for f in (score_step, select_step, attend_step))
+        prefilter_ms = {}
+        if prefiltered(cfg, dec.max_pages):
+            prefilter_ms = prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps)
+
+        # Bytes the scoring must read: every page's summary, or (prefiltered) every page's centroid and
+        # scale and the candidates' whole summaries; page ids per pass; scores written and read.
+        full_pages = min(n_sealed, cfg.candidate_pages) if prefiltered(cfg, dec.max_pages) else n_sealed
+        centroid_bytes = 0
+        if prefiltered(cfg, dec.max_pages):
+            centroid_bytes = layers * bsz * hkv * n_sealed * (d * probe.mu.element_size() + probe.mu_scale.element_size())
+        summary_bytes = centroid_bytes + layers * bsz * hkv * full_pages * probe.bytes_per_page_per_head()
+        page_id_bytes = layers * bsz * (n_sealed + (hkv * 2 * full_pages if centroid_bytes else 0)) * 4
+        score_io_bytes = layers * bsz * n_sealed * 4 * (2 * hq + 2 * hkv)  # scores written, read; keys written, read
+        selected_kv_bytes = layers * selected_tokens * d * 2 * 2
+        index_bytes = layers * selected_tokens * 4 * 2
+        bytes_dense = layers * bsz * context * hkv * d * 2 * 2
+        bytes_locks = summary_bytes + page_id_bytes + selected_kv_bytes + index_bytes
+        rows.append({
+            "shape": shape, "batch": bsz, "context": context, "budget": budget, "prefilter": prefilter,
+            "dense_ms": dense_ms, "dense_ms_by_kernel": dense, "locks_ms": locks_ms, "speedup": dense_ms / locks_ms,
+            "score_ms": score_ms, "select_ms": select_ms, "attend_ms": attend_ms, "prefilter_split_ms": prefilter_ms,
+            "score_gbs": (summary_bytes + page_id_bytes) / score_ms / 1e6,
+            "bytes_dense": bytes_dense, "bytes_locks": bytes_locks,
+            "bytes_locks_parts": {"summaries": summary_bytes, "centroids": centroid_bytes, "page_ids": page_id_bytes,
+                                  "selected_kv": selected_kv_bytes, "indices": index_bytes,
+                                  "score_intermediates": score_io_bytes},
+            "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum, "score_options": dec.score_options,
+        })
+    return rows
+
+
+def prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps) -> dict:
+    """The prefiltered scoring's three launches, each timed alone over all layers."""
+    bsz, hq, _ = q.shape
+    hkv = sums[0].num_kv_heads
+    rows = bsz * hkv
+    cand = dec.candidates[:rows]
+    n_centroid = score_chunks(rows, dec.max_pages, q.device, CENTROID_BLOCK_PAGES)[1]
+    scores = torch.empty(bsz, hq, dec.max_pages, device="cuda")
+    pm = torch.empty(bsz, hq, n_centroid, device="cuda")
+    ps = torch.empty_like(pm)
+    args = (*tables, dec.max_pages, dec.sm_scale)
     forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
 
-    def select_step():  # aggregate, page keys, radix top-k and page entries: one kernel
-        for _ in range(layers):
-            selected_indices_triton(*parts, *tables, dec.sparse.indptr, dec.sparse.indices, hkv, *forced,
-                                    cfg.budget_pages, dec.selection_state)
-
-    def attend_step():
+    def centroid():
         for layer in range(layers):
-            dec.sparse.run(q, ks[layer % n_kv], vs[layer % n_kv])
+            score_pages_triton(q, sums[layer % n_sum], *args, terms="centroid", out=(scores, pm, ps, 0))
 
-    locks_ms = graph_ms(locks_step, reps)
-    score_ms, select_ms, attend_ms = (graph_ms(f, reps) for f in (score_step, select_step, attend_step))
+    def candidates():
+        for _ in range(layers):
+            candidate_pages_triton(scores, pm, ps, n_centroid, *tables, cand, hkv, *forced, dec.selection_state)
 
-    n_sealed = context // 16
-    selected_tokens = int(selected_lengths(seq_lens_cpu, hkv, cfg.budget_pages).sum())
-    summary_bytes = layers * bsz * hkv * n_sealed * probe.bytes_per_page_per_head()
-    page_id_bytes = layers * bsz * n_sealed * 4
-    score_io_bytes = layers * bsz * n_sealed * 4 * (2 * hq + 2 * hkv)  # scores written, read; keys written, read
-    selected_kv_bytes = layers * selected_tokens * d * 2 * 2
-    index_bytes = layers * selected_tokens * 4 * 2
-    bytes_dense = layers * bsz * context * hkv * d * 2 * 2
-    bytes_locks = summary_bytes + page_id_bytes + selected_kv_bytes + index_bytes
-    score_options = dec.score_options
-    del ks, vs, sums, dec
-    torch.cuda.empty_cache()
-    return {
-        "shape": shape, "batch": bsz, "context": context, "budget": budget,
-        "dense_ms": dense_ms, "dense_ms_by_kernel": dense, "locks_ms": locks_ms, "speedup": dense_ms / locks_ms,
-        "score_ms": score_ms, "select_ms": select_ms, "attend_ms": attend_ms,
-        "score_gbs": (summary_bytes + page_id_bytes) / score_ms / 1e6,
-        "bytes_dense": bytes_dense, "bytes_locks": bytes_locks,
-        "bytes_locks_parts": {"summaries": summary_bytes, "page_ids": page_id_bytes, "selected_kv": selected_kv_bytes,
-                              "indices": index_bytes, "score_intermediates": score_io_bytes},
-        "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum, "score_options": score_options,
-    }
+    def full():
+        for layer in range(layers):
+            score_pages_triton(q, sums[layer % n_sum], *args, terms="candidates", candidates=cand, **dec.score_options)
+
+    return {name: graph_ms(f, reps) for name, f in (("centroid", centroid), ("candidate_select", candidates),
+                                                     ("candidate_score", full))}
 
 
 def main():
@@ -223,6 +267,8 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--contexts", default="32768,131072,262144,1048576")
     ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--prefilters", default=f"0,{LocksConfig().prefilter}",
+                    help="LOCKS rows per case: each --locks-prefilter value (0: every page scored in full)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--kv-cap-gib", type=float, default=64)
     ap.add_argument("--summary-cap-gib", type=float, default=24)
@@ -232,6 +278,7 @@ def main():
                     "(default: the kernel's defaults)")
     args = ap.parse_args()
     score_options = fastest_score_options(args.score_options_from) if args.score_options_from else {}
+    prefilters = [int(x) for x in args.prefilters.split(",") if x]
     t0 = time.time()
     # GIT_REV first: the device machine's copy of the checkout can carry stale git metadata.
     git = os.environ.get("GIT_REV") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -250,19 +297,23 @@ def main():
                 if bsz * ctx > args.max_kv_tokens or time.time() - t0 > args.time_limit:
                     skipped.append(case)
                     continue
-                row = bench_case(shape, bsz, ctx, args.budget, args.reps, args.kv_cap_gib, args.summary_cap_gib,
-                                 score_options.get(shape))
-                if row is None:
+                case_rows = bench_case(shape, bsz, ctx, args.budget, args.reps, args.kv_cap_gib, args.summary_cap_gib,
+                                       score_options.get(shape), prefilters)
+                torch.cuda.empty_cache()  # the case's buffers, freed on return
+                if not case_rows:
                     skipped.append(case)
                     continue
-                row["floor_dense_ms"] = row["bytes_dense"] / header["copy_bandwidth_gbs"] / 1e6
-                row["floor_locks_ms"] = row["bytes_locks"] / header["copy_bandwidth_gbs"] / 1e6
-                row["score_copy_fraction"] = row["score_gbs"] / header["copy_bandwidth_gbs"]
-                rows.append(row)
-                print(f"{case}: dense {row['dense_ms']:.3f} ms, locks {row['locks_ms']:.3f} ms "
-                      f"(score {row['score_ms']:.3f}, select {row['select_ms']:.3f}, attend {row['attend_ms']:.3f}) "
-                      f"speedup {row['speedup']:.2f}x, score at {row['score_copy_fraction']:.0%} of copy bandwidth, floor ratio {row['floor_dense_ms'] / row['floor_locks_ms']:.1f}x",
-                      flush=True)
+                for row in case_rows:
+                    row["floor_dense_ms"] = row["bytes_dense"] / header["copy_bandwidth_gbs"] / 1e6
+                    row["floor_locks_ms"] = row["bytes_locks"] / header["copy_bandwidth_gbs"] / 1e6
+                    row["score_copy_fraction"] = row["score_gbs"] / header["copy_bandwidth_gbs"]
+                    rows.append(row)
+                    print(f"{case} prefilter={row['prefilter']}: dense {row['dense_ms']:.3f} ms, "
+                          f"locks {row['locks_ms']:.3f} ms (score {row['score_ms']:.3f} "
+                          f"{ {k: round(v, 3) for k, v in row['prefilter_split_ms'].items()} }, "
+                          f"select {row['select_ms']:.3f}, attend {row['attend_ms']:.3f}) speedup {row['speedup']:.2f}x, "
+                          f"score at {row['score_copy_fraction']:.0%} of copy bandwidth, "
+                          f"floor ratio {row['floor_dense_ms'] / row['floor_locks_ms']:.1f}x", flush=True)
                 with open(args.out, "w") as f:
                     json.dump({**header, "rows": rows, "skipped": skipped}, f, indent=1)
     with open(args.out, "w") as f:

@@ -30,7 +30,7 @@ from attention_decode import SHAPES
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 POINTERS = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8",
                 coef_scale_ptr="*fp32", req_to_token_ptr="*i32", req_pool_ptr="*i32", seq_lens_ptr="*i32",
-                scores_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+                cand_ptr="*i32", scores_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
 ALIGNED = set(POINTERS) | {"stride_qb", "stride_qh", "stride_rt"}
 
 
@@ -44,8 +44,10 @@ def load_module(path):
     return module
 
 
-def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_stages=3, maxnreg=None, block_pages=None):
-    """The score kernel for sm_90 (int8-int4-int8 summaries, head_dim 128, rank 8); conversion: ptx, int8 or cast."""
+def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_stages=3, maxnreg=None, block_pages=None,
+                         terms="full"):
+    """The score kernel for sm_90 (int8-int4-int8 summaries, head_dim 128, rank 8); conversion: ptx, int8 or cast;
+    terms: what a launch scores (score_pages.TERMS), in revisions that have it."""
     fn = module._score_pages_kernel
     idot = conversion == "int8"
     names = fn.arg_names
@@ -53,6 +55,8 @@ def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_s
                   CVT=module.CONVERSIONS[conversion], BIG=False, IDOT=idot)
     if "GP" in names:  # revisions whose launcher passes the dot's row count
         consts["GP"] = max(16, 2 * group) if idot else 16
+    if "TERMS" in names:
+        consts["TERMS"] = module.TERMS[terms]
     sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "scale_log2" else "i32") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names if n in ALIGNED})

@@ -54,14 +54,15 @@ def partials_block(n_chunks: int, group: int) -> int:
 
 
 @triton.jit
-def row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Log of each query head's total estimated mass [BLOCK_G], merged from the scoring kernel's chunk partials."""
+def row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, stride, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Log of each query head's total estimated mass [BLOCK_G], merged from the first n_chunks of the scoring
+    kernel's chunk partials (stride apart per query head)."""
     run_m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     run_s = tl.zeros((BLOCK_G,), tl.float32)
     for start in range(0, n_chunks, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         msk = gmask[:, None] & (j[None, :] < n_chunks)
-        off = qrows[:, None] * n_chunks + j[None, :]
+        off = qrows[:, None] * stride + j[None, :]
         pm = tl.load(part_max_ptr + off, mask=msk, other=float("-inf"))
         ps = tl.load(part_sum_ptr + off, mask=msk, other=0.0)
         new_m = tl.maximum(run_m, tl.max(pm, 1))
@@ -119,7 +120,7 @@ def _aggregate_kernel(
     g = tl.arange(0, BLOCK_G)
     gmask = g < G
     qrows = (b * HKV * G + (row % HKV) * G + g).to(tl.int64)
-    lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, BLOCK_G, BLOCK_N)
+    lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, n_chunks, BLOCK_G, BLOCK_N)
     p = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
     agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, lse, sink_pages, local_pages, MODE)
     tl.store(out_ptr + row.to(tl.int64) * max_pages + p, agg, mask=p < max_pages)

@@ -30,6 +30,8 @@ normalise per head without another pass over all scores.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -198,12 +200,13 @@ def _int8_query_planes(q_base, stride_qh, G: tl.constexpr, GP: tl.constexpr, HAL
 
 
 @triton.jit
-def _page_lse(proj, qmu, c_rows, G: tl.constexpr, GP: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr,
+def _page_lse(proj, c_rows, G: tl.constexpr, GP: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr,
               PAGE: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr):
     """Per-key term on tensor cores, per group of SUB pages: [NG, GP, SUB*RP] x block-diagonal
     [NG, SUB*RP, SUB*PAGE] (the coefficient rows spread into the operand in registers), then
-    the page log-sum-exp in log2 units -> [G, BLOCK_P]. proj [GP, BLOCK_P*RP] and qmu
-    [GP, BLOCK_P] hold GP // G row blocks that add up (zero padding, or int8 query planes)."""
+    the log-sum-exp over each page's keys in log2 units -> [G, BLOCK_P] (the centroid term
+    q . mu, common to a page's keys, is the caller's). proj [GP, BLOCK_P*RP] holds GP // G
+    row blocks that add up (zero padding, or int8 query planes)."""
     SUB: tl.constexpr = 16 // RP
     NG: tl.constexpr = BLOCK_P // SUB
     FOLD: tl.constexpr = GP // G
@@ -220,34 +223,46 @@ def _page_lse(proj, qmu, c_rows, G: tl.constexpr, GP: tl.constexpr, BLOCK_P: tl.
     # its centroid logit still scores >= q . mu + 120).
     local = tl.sum(tl.reshape(local, (NG, FOLD, G, SUB * PAGE)), 1)
     mass = tl.sum(tl.exp2(tl.minimum(tl.reshape(local, (NG, G, SUB, PAGE)), 120.0)), 3)  # [NG, G, SUB]
-    lse = tl.reshape(tl.permute(_log2(mass, CVT), (1, 0, 2)), (G, BLOCK_P))
-    return lse + tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)
+    return tl.reshape(tl.permute(_log2(mass, CVT), (1, 0, 2)), (G, BLOCK_P))
+
+
+# What a launch scores (TERMS): every sealed page in full; every sealed page by its centroid alone
+# (q . mu + log 16, the prefilter); or the pages of a candidate list in full.
+TERMS = {"full": 0, "centroid": 1, "candidates": 2}
 
 
 @triton.jit
 def _score_pages_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
-    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
-    scores_ptr, part_max_ptr, part_sum_ptr,
+    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, cand_ptr, n_cand,
+    scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
     max_pages, n_chunks, scale_log2,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
-    IDOT: tl.constexpr, GP: tl.constexpr,
+    IDOT: tl.constexpr, GP: tl.constexpr, TERMS: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row // HKV
     h = row % HKV
     HALF: tl.constexpr = D // 2
+    FOLD: tl.constexpr = GP // G
     # GP: query rows of a dot: G padded with zero rows to 16, or (IDOT) two int8 planes of G rows.
     n_sealed = tl.minimum(tl.load(seq_lens_ptr + b) // PAGE, max_pages)
     table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
+    # Items: the sealed pages, or (candidates) the first min(n_sealed, n_cand) entries of the row's
+    # candidate list, logical page ids.
+    if TERMS == 2:
+        n_items = tl.minimum(n_sealed, n_cand)
+        cand_row = cand_ptr + row.to(tl.int64) * n_cand
+    else:
+        n_items = n_sealed
     # The grid is sized for max_pages (static under CUDA graphs, e.g. the server's context
-    # length); this row's sealed pages are split over all of its chunks, in whole blocks.
-    row_chunk = tl.cdiv(tl.cdiv(n_sealed, n_chunks), BLOCK_P) * BLOCK_P
+    # length); this row's items are split over all of its chunks, in whole blocks.
+    row_chunk = tl.cdiv(tl.cdiv(n_items, n_chunks), BLOCK_P) * BLOCK_P
     start = chunk * row_chunk
-    end_sealed = tl.minimum(start + row_chunk, n_sealed)
+    end = tl.minimum(start + row_chunk, n_items)
 
     k = tl.arange(0, HALF)
     if IDOT:
@@ -271,15 +286,24 @@ def _score_pages_kernel(
     live_r = r_n < R                      # basis columns of real ranks (RP pads the rank)
     # Page ids of the next block are loaded one iteration ahead: the summary loads that
     # depend on them then wait for one memory round trip, not two. Positions past the chunk's
-    # sealed pages read its last sealed page: every summary load is in bounds and unmasked,
-    # and those columns are dropped at the store.
-    last = tl.maximum(end_sealed - 1, 0)
-    slot_next = tl.load(table + tl.minimum(start + jp, last) * PAGE)
-    for p0 in range(start, end_sealed, BLOCK_P):
-        p = p0 + jp
-        valid = p < end_sealed
+    # items read its last item: every summary load is in bounds and unmasked, and those
+    # columns are dropped at the store.
+    last = tl.maximum(end - 1, 0)
+    if TERMS == 2:
+        page_next = tl.load(cand_row + tl.minimum(start + jp, last))
+        slot_next = tl.load(table + page_next * PAGE)
+    else:
+        slot_next = tl.load(table + tl.minimum(start + jp, last) * PAGE)
+    for i0 in range(start, end, BLOCK_P):
+        valid = i0 + jp < end
         slot = slot_next
-        slot_next = tl.load(table + tl.minimum(p + BLOCK_P, last) * PAGE)
+        if TERMS == 2:
+            p = page_next
+            page_next = tl.load(cand_row + tl.minimum(i0 + BLOCK_P + jp, last))
+            slot_next = tl.load(table + page_next * PAGE)
+        else:
+            p = i0 + jp
+            slot_next = tl.load(table + tl.minimum(i0 + BLOCK_P + jp, last) * PAGE)
         rec = slot // PAGE * HKV + h   # summary record of (page, KV head)
         if BIG:
             rec = rec.to(tl.int64)
@@ -296,40 +320,54 @@ def _score_pages_kernel(
             mu_lo = _operand(tl.load(mu_base), QUANT, CVT)
             mu_hi = _operand(tl.load(mu_base + HALF), QUANT, CVT)
             qmu = (tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)) * (mu_scale * scale_log2)[None, :]
+        # The centroid estimate q . mu + log 16 (log2 units): the page's score if its keys all sat
+        # on the centroid, and a lower bound of its full score (Jensen: the coefficients are centred).
+        qmu = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)
+        cent = qmu + 4.0
 
-        # V q for the r basis rows of every page: [GP, BLOCK_P * RP]
-        rec_n = tl.reshape(tl.broadcast_to(rec[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,))
-        row_n = rec_n * R + r_n               # basis row and coefficient scale of each column
-        cs = tl.load(coef_scale_ptr + row_n, mask=live_r, other=0.0)
-        if IDOT:
-            # Nibbles moved to the top of a byte are int8 values of 16 x the int4 element: a shift
-            # and masks per four bytes, no conversion, and half the operand bytes of fp16.
-            vb = tl.load(basis_ptr + row_n[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
-            v_lo, v_hi = _int4_to_int8x16(vb, CVT)
-            proj = tl.dot(q_lo, v_lo, out_dtype=tl.int32) + tl.dot(q_hi, v_hi, out_dtype=tl.int32)
-            proj = proj.to(tl.float32) * q_weight[:, None] * (cs * 0.0625)[None, :]
+        if TERMS == 1:
+            s2 = cent
         else:
-            if QUANT:
+            # V q for the r basis rows of every page: [GP, BLOCK_P * RP]
+            rec_n = tl.reshape(tl.broadcast_to(rec[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,))
+            row_n = rec_n * R + r_n               # basis row and coefficient scale of each column
+            cs = tl.load(coef_scale_ptr + row_n, mask=live_r, other=0.0)
+            if IDOT:
+                # Nibbles moved to the top of a byte are int8 values of 16 x the int4 element: a shift
+                # and masks per four bytes, no conversion, and half the operand bytes of fp16.
                 vb = tl.load(basis_ptr + row_n[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
-                v_lo, v_hi = _int4_to_f16(vb, CVT)
+                v_lo, v_hi = _int4_to_int8x16(vb, CVT)
+                proj = tl.dot(q_lo, v_lo, out_dtype=tl.int32) + tl.dot(q_hi, v_hi, out_dtype=tl.int32)
+                proj = proj.to(tl.float32) * q_weight[:, None] * (cs * 0.0625)[None, :]
             else:
-                v_base = basis_ptr + row_n[None, :] * D + k[:, None]
-                v_lo = _operand(tl.load(v_base, mask=live_r[None, :], other=0.0), False, CVT)
-                v_hi = _operand(tl.load(v_base + HALF, mask=live_r[None, :], other=0.0), False, CVT)
-            proj = (tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)) * (cs * scale_log2)[None, :]
-        # proj is in log2-domain logit units: safe in fp16 for the per-key dot
+                if QUANT:
+                    vb = tl.load(basis_ptr + row_n[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
+                    v_lo, v_hi = _int4_to_f16(vb, CVT)
+                else:
+                    v_base = basis_ptr + row_n[None, :] * D + k[:, None]
+                    v_lo = _operand(tl.load(v_base, mask=live_r[None, :], other=0.0), False, CVT)
+                    v_hi = _operand(tl.load(v_base + HALF, mask=live_r[None, :], other=0.0), False, CVT)
+                proj = (tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)) * (cs * scale_log2)[None, :]
+            # proj is in log2-domain logit units: safe in fp16 for the per-key dot
 
-        # Each page's coefficients are one contiguous load.
-        c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
-        s2 = _page_lse(proj, qmu, c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT, CVT)
+            # Each page's coefficients are one contiguous load.
+            c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
+            s2 = _page_lse(proj, c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT, CVT) + qmu
         s2 = tl.where(valid[None, :], s2, float("-inf"))
         tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :], s2 * LN2, mask=valid[None, :])
 
         bm = tl.maximum(run_m, tl.max(s2, 1))
-        run_s = run_s * tl.exp2(run_m - bm) + tl.sum(tl.exp2(s2 - bm[:, None]), 1)
+        if TERMS == 2:
+            # A candidate's mass replaces its centroid estimate, which the centroid launch's
+            # partials counted: these partials sum the differences (>= 0 up to rounding).
+            grow = tl.exp2(s2 - bm[:, None]) - tl.exp2(cent - bm[:, None])
+            grow = tl.where(valid[None, :], tl.maximum(grow, 0.0), 0.0)
+        else:
+            grow = tl.exp2(s2 - bm[:, None])
+        run_s = run_s * tl.exp2(run_m - bm) + tl.sum(grow, 1)
         run_m = bm
 
-    part = out_rows * n_chunks + chunk
+    part = out_rows * part_stride + part_first + chunk
     tl.store(part_max_ptr + part, run_m * LN2)
     tl.store(part_sum_ptr + part, run_s)
 
@@ -376,18 +414,41 @@ def _shared_memory_per_block(device: torch.device) -> int:
     return getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block)
 
 
-def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, shared_memory: int) -> int:
+def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, shared_memory: int,
+                    centroid_only: bool = False) -> int:
     """num_stages, cut where the summaries of num_stages - 1 blocks in flight would overflow
     shared_memory bytes per block (float summaries at rank > 8: 152 KiB per block at fp32)."""
     s = summaries
-    per_block = block_pages * (rank_p * s.basis.shape[-1] * s.basis.element_size() + s.mu.shape[-1] * s.mu.element_size()
-                               + rank_p * s.coef.shape[-1] * s.coef.element_size())
+    per_page = s.mu.shape[-1] * s.mu.element_size()
+    if not centroid_only:
+        per_page += rank_p * (s.basis.shape[-1] * s.basis.element_size() + s.coef.shape[-1] * s.coef.element_size())
+    per_block = block_pages * per_page
     return max(1, min(num_stages, 1 + (shared_memory - _SCRATCH_BYTES) // per_block))
 
 
+# Pages per block of a centroid-only launch: its pages cost 132 bytes each, not 804, so a block
+# of 16 would leave the loop's overhead per page dominant.
+CENTROID_BLOCK_PAGES = 64
+_CENTROID_LAUNCH = (4, 3, 0)
+
+
+def score_launch(group: int, integer_dots: bool, terms: str) -> tuple:
+    """(block_pages, num_warps, num_stages, maxnreg) of the score kernel for a launch of terms."""
+    if terms == "centroid":
+        return (CENTROID_BLOCK_PAGES,) + _CENTROID_LAUNCH
+    return (BLOCK_PAGES,) + default_launch(group, integer_dots)
+
+
+def score_chunks(rows: int, items: int, device: torch.device, block_pages: int, chunk_pages: int = None) -> tuple:
+    """(pages per program, programs per row) of a launch over items pages (or candidates) per row;
+    chunk_pages: the caller's choice of the first."""
+    chunk = chunk_pages or chunk_pages_for(rows, items, device, block_pages)
+    return chunk, max(1, triton.cdiv(items, chunk))
+
+
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       block_pages=BLOCK_PAGES, num_warps=None, num_stages=None, chunk_pages=None,
-                       int_conversion="int8", maxnreg=None):
+                       block_pages=None, num_warps=None, num_stages=None, chunk_pages=None,
+                       int_conversion="int8", maxnreg=None, terms="full", candidates=None, out=None):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
@@ -398,54 +459,76 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     int_conversion: "int8" (integer dots against int8 planes of q, see
     _int8_query_planes; on the H200 1.2x faster than ptx at G=4, 1.04x at
     G=16), "ptx" (fp16 dots, int operands converted by PTX) or "cast" (plain
-    fp16 casts: 1.2-1.5x slower). num_warps, num_stages and maxnreg (registers
-    per thread, 0: no cap) default to default_launch's. Returns scores
-    [B, Hq, max_pages] (natural-log mass; entries past a request's sealed
-    pages are not written, aggregate_scores masks them) and per-chunk
-    (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
+    fp16 casts: 1.2-1.5x slower). block_pages, num_warps, num_stages and
+    maxnreg (registers per thread, 0: no cap) default to score_launch's.
+    Returns scores [B, Hq, max_pages] (natural-log mass; entries past a
+    request's sealed pages are not written, aggregate_scores masks them) and
+    per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
+
+    terms: "full" scores every sealed page; "centroid" every sealed page by
+    q . mu + log 16 alone; "candidates" scores in full the first min(n_sealed,
+    M) pages of candidates [B * H_kv, M] (logical page ids of each (request,
+    KV head) row), and its partials sum, per chunk, each candidate's mass less
+    its centroid estimate: after a centroid launch into the same scores, the
+    two launches' partials together make each head's total. out: (scores,
+    part_max, part_sum, first) to write into, this launch's partials at
+    chunks [first, first + n_chunks) of part_max's last dimension.
     """
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
     group = hq // hkv
     if group > 16 or group & (group - 1):
         raise ValueError(f"query heads per KV head must be a power of two <= 16, got {group}")
+    if terms not in TERMS:
+        raise ValueError(f"terms must be one of {sorted(TERMS)}, got {terms!r}")
+    if (terms == "candidates") != (candidates is not None):
+        raise ValueError("candidates [B * H_kv, M] are given exactly when terms='candidates'")
     rank_p = triton.next_power_of_2(rank)
-    if block_pages * rank_p < 16 or block_pages % max(1, 16 // rank_p):
-        raise ValueError(f"block_pages={block_pages} too small for rank {rank}")
     if int_conversion not in CONVERSIONS:
         raise ValueError(f"int_conversion must be one of {sorted(CONVERSIONS)}, got {int_conversion!r}")
     # int8: the basis and centroids meet two int8 planes of q on integer tensor cores (quantised summaries only).
     idot = int_conversion == "int8" and summaries.quantized
-    launch = default_launch(group, idot)
-    num_warps = num_warps or launch[0]
-    num_stages = num_stages or launch[1]
-    maxnreg = launch[2] if maxnreg is None else maxnreg
-    chunk = chunk_pages or chunk_pages_for(bsz * hkv, max_pages, q.device, block_pages)
-    n_chunks = max(1, triton.cdiv(max_pages, chunk))
-    scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
-    part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=q.device)
-    part_sum = torch.empty_like(part_max)
+    launch = score_launch(group, idot, terms)
+    block_pages = block_pages or launch[0]
+    if block_pages * rank_p < 16 or block_pages % max(1, 16 // rank_p):
+        raise ValueError(f"block_pages={block_pages} too small for rank {rank}")
+    num_warps = num_warps or launch[1]
+    num_stages = num_stages or launch[2]
+    maxnreg = launch[3] if maxnreg is None else maxnreg
+    n_cand = max_pages if candidates is None else candidates.shape[1]
+    chunk_pages, n_chunks = score_chunks(bsz * hkv, n_cand, q.device, block_pages, chunk_pages)
+    if out is None:
+        scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
+        part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=q.device)
+        part_sum = torch.empty_like(part_max)
+        first = 0
+    else:
+        scores, part_max, part_sum, first = out
+        if first + n_chunks > part_max.shape[-1]:
+            raise ValueError(f"chunks [{first}, {first + n_chunks}) exceed the partials' {part_max.shape[-1]}")
     if q.stride(2) != 1:
         q = q.contiguous()
     _score_pages_kernel[(bsz * hkv, n_chunks)](
         q, q.stride(0), q.stride(1),
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
-        scores, part_max, part_sum,
+        seq_lens if candidates is None else candidates, n_cand,
+        scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
         HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
-        IDOT=idot, GP=max(16, 2 * group) if idot else 16,
+        IDOT=idot, GP=max(16, 2 * group) if idot else 16, TERMS=TERMS[terms],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
         num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p, num_stages,
-                                                          _shared_memory_per_block(q.device)),
+                                                          _shared_memory_per_block(q.device), terms == "centroid"),
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return scores, part_max, part_sum
 
 
-def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale):
-    """Reference in the dtype of q (use float64 q for a float64 reference). Returns scores only."""
+def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, terms="full"):
+    """Reference in the dtype of q (use float64 q for a float64 reference) of the "full" and
+    "centroid" launches. Returns scores only."""
     bsz, hq, d = q.shape
     hkv = summaries.num_kv_heads
     group = hq // hkv
@@ -458,8 +541,11 @@ def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
     mu, basis, coef = (t.to(q.dtype) for t in summaries.dequantize(page_ids))  # [B, P, H, ...]
     qg = q.view(bsz, hkv, group, d)
     qmu = torch.einsum("bhgd,bphd->bhgp", qg, mu)
-    proj = torch.einsum("bhgd,bphrd->bhgpr", qg, basis)
-    local = torch.einsum("bhgpr,bphir->bhgpi", proj, coef)
-    s = torch.logsumexp((qmu[..., None] + local) * sm_scale, -1)
+    if terms == "centroid":
+        s = qmu * sm_scale + math.log(16)  # as if the page's 16 keys sat on its centroid
+    else:
+        proj = torch.einsum("bhgd,bphrd->bhgpr", qg, basis)
+        local = torch.einsum("bhgpr,bphir->bhgpi", proj, coef)
+        s = torch.logsumexp((qmu[..., None] + local) * sm_scale, -1)
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     return s.reshape(bsz, hq, max_pages)

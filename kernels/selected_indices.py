@@ -55,6 +55,16 @@ def _kth_bin(hist, k):
 
 
 @triton.jit
+def _entry(table, p, mask, HKV: tl.constexpr, h, PAGE: tl.constexpr, LOGICAL: tl.constexpr):
+    """What a selected page p is written as: p itself, or FlashInfer's entry of its page of head h."""
+    if LOGICAL:
+        out = p
+    else:
+        out = tl.load(table + p * PAGE, mask=mask, other=0) * HKV + h
+    return out
+
+
+@triton.jit
 def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
     """Row barrier: this program's stores are visible to the row's other programs after it."""
     if SYNC:
@@ -67,13 +77,13 @@ def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
 
 @triton.jit
 def _select_kernel(
-    scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks,
+    scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks, part_stride,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr,
     keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
     sink_pages, local_pages, budget_pages, parts,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     BLOCK: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
-    PHASE: tl.constexpr, SYNC: tl.constexpr,
+    PHASE: tl.constexpr, SYNC: tl.constexpr, LOGICAL: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -83,7 +93,12 @@ def _select_kernel(
     n_sealed = seq_len // PAGE
     req = tl.load(req_pool_ptr + b).to(tl.int64)
     table = req_to_token_ptr + req * stride_rt
-    base = tl.load(indptr_ptr + row).to(tl.int64)
+    # LOGICAL (a candidate list): logical page ids at row * budget_pages, no tail; otherwise
+    # FlashInfer's page entries at the row's indptr.
+    if LOGICAL:
+        base = row.to(tl.int64) * budget_pages
+    else:
+        base = tl.load(indptr_ptr + row).to(tl.int64)
     # The row's sealed pages are split over its parts programs in whole blocks.
     span = tl.cdiv(tl.cdiv(n_sealed, parts), BLOCK) * BLOCK
     start = part * span
@@ -98,14 +113,13 @@ def _select_kernel(
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
                 live = p < end
-                slot = tl.load(table + p * PAGE, mask=live, other=0)
-                tl.store(indices_ptr + base + p, slot * HKV + h, mask=live)
+                tl.store(indices_ptr + base + p, _entry(table, p, live, HKV, h, PAGE, LOGICAL), mask=live)
     else:
         if (PHASE == 0) | (PHASE == 1):
             g = tl.arange(0, BLOCK_G)
             gmask = g < G
             qrows = (b * HKV * G + h * G + g).to(tl.int64)
-            lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, BLOCK_G, BLOCK_N)
+            lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, part_stride, BLOCK_G, BLOCK_N)
             offset = key_offset(lse, gmask, MODE, LOG_G)
             counts = tl.zeros((HIST_BINS,), tl.int32)
             for p0 in range(start, end, BLOCK):
@@ -140,8 +154,8 @@ def _select_kernel(
                 tie = (live & (key == thr)).to(tl.int32)
                 take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
                 take_i = take.to(tl.int32)
-                slot = tl.load(table + p * PAGE, mask=take, other=0)
-                tl.store(indices_ptr + base + taken + tl.cumsum(take_i, 0) - take_i, slot * HKV + h, mask=take)
+                tl.store(indices_ptr + base + taken + tl.cumsum(take_i, 0) - take_i,
+                         _entry(table, p, take, HKV, h, PAGE, LOGICAL), mask=take)
                 taken += tl.sum(take_i, 0)
                 ties_seen += tl.sum(tie, 0)
         if PHASE == 0:
@@ -154,11 +168,12 @@ def _select_kernel(
             if done:
                 tl.store(hist_ptr + row * HIST_BINS + bins, tl.zeros((HIST_BINS,), tl.int32))
                 tl.store(arrived_ptr + row, 0)
-    if (part == 0) & ((PHASE == 0) | (PHASE == 2)):
-        tail = seq_len - n_sealed * PAGE
-        if tail > 0:
-            slot = tl.load(table + n_sealed * PAGE)
-            tl.store(indices_ptr + base + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
+    if not LOGICAL:
+        if (part == 0) & ((PHASE == 0) | (PHASE == 2)):
+            tail = seq_len - n_sealed * PAGE
+            if tail > 0:
+                slot = tl.load(table + n_sealed * PAGE)
+                tl.store(indices_ptr + base + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
 
 
 class SelectionState:
@@ -176,36 +191,56 @@ def selection_parts(rows: int, max_pages: int, device: torch.device) -> int:
     return max(1, min(triton.cdiv(max(max_pages, 1), PAGE_BLOCK), 2 * num_sms(device) // rows))
 
 
-def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
-                            num_kv_heads, sink_pages, local_pages, mode, budget_pages, state: SelectionState):
-    """Select and write page entries, from the scoring kernel's outputs.
-
-    scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton);
-    indptr [B * H_kv + 1] in pages (selection.selected_pages). Writes each row's
-    entries at indptr: its top pages in logical order, then its tail page.
-    """
+def _launch_select(scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens, indptr,
+                   out, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state, logical):
     bsz, hq, max_pages = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
     if rows > state.arrived.numel():
         raise ValueError(f"{rows} rows exceed the SelectionState's {state.arrived.numel()}")
+    n_chunks = part_max.shape[-1] if score_chunks is None else score_chunks
     parts = selection_parts(rows, max_pages, scores.device)
     keys = torch.empty(rows, max_pages, dtype=torch.int32, device=scores.device)
     suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
-    args = (scores, part_max, part_sum, max_pages, part_max.shape[-1],
-            req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices,
+    args = (scores, part_max, part_sum, max_pages, n_chunks, part_max.shape[-1],
+            req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, out,
             keys, state.hist, state.arrived, suffix, sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
-                  BLOCK_N=partials_block(part_max.shape[-1], group), PAGE=16, BLOCK=PAGE_BLOCK,
+                  BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=PAGE_BLOCK,
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
-                  LOG_G=math.log(group), num_warps=4)
+                  LOG_G=math.log(group), LOGICAL=logical, num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase
         for phase in (1, 2):
             _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, **consts)
         state.hist.zero_()
     else:
         _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **consts)
-    return indices
+    return out
+
+
+def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
+                            num_kv_heads, sink_pages, local_pages, mode, budget_pages, state: SelectionState):
+    """Select and write page entries, from the scoring kernel's outputs.
+
+    scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton,
+    all chunks merged); indptr [B * H_kv + 1] in pages (selection.selected_pages).
+    Writes each row's entries at indptr: its top pages in logical order, then its
+    tail page.
+    """
+    return _launch_select(scores, part_max, part_sum, None, req_to_token, req_pool_indices, seq_lens, indptr,
+                          indices, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state, False)
+
+
+def candidate_pages_triton(scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens,
+                           candidates, num_kv_heads, sink_pages, local_pages, mode, state: SelectionState):
+    """The prefilter's top pages: per (request, KV head) row the M = candidates.shape[1] best-scored
+    sealed pages (forced pages first; every sealed page when they fit), their logical ids in page
+    order at candidates[row, :min(n_sealed, M)]. Partials: the first score_chunks of part_max's."""
+    if candidates.stride(1) != 1 or candidates.stride(0) != candidates.shape[1]:
+        raise ValueError("candidates must be a contiguous [B * H_kv, M] tensor")
+    return _launch_select(scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens,
+                          candidates, candidates, num_kv_heads, sink_pages, local_pages, mode, candidates.shape[1],
+                          state, True)
 
 
 def select_pages_by_key_torch(agg, key_offset, budget_pages, **key_rule):

@@ -20,6 +20,12 @@ class LocksConfig:
     tokens) is attended on top of the budget. A context whose sealed pages all
     fit in the budget is attended densely, and so is one shorter than
     min_context tokens (where the caller supports it: the SGLang plugin does).
+
+    prefilter: with P > 0, each decode step first scores every sealed page by
+    its centroid alone (q . mu + log 16: 132 of a page's 804 summary bytes),
+    keeps the prefilter * budget_pages best of each (request, KV head) and
+    scores only those with the whole summary; the others keep their centroid
+    score. 0 scores every page in full (the seed's LOCKS).
     """
 
     page_size: int = PAGE_SIZE
@@ -32,6 +38,7 @@ class LocksConfig:
     gqa_aggregation: str = "mass"
     min_context: int = 0
     min_step_tokens: Optional[int] = None
+    prefilter: int = 8
 
     def __post_init__(self) -> None:
         if self.page_size != PAGE_SIZE:
@@ -61,6 +68,8 @@ class LocksConfig:
             raise ValueError(f"min_context must be >= 0 tokens, got {self.min_context}")
         if self.min_step_tokens is not None and self.min_step_tokens < 0:
             raise ValueError(f"min_step_tokens must be >= 0 tokens (0: never dense), got {self.min_step_tokens}")
+        if self.prefilter < 0:
+            raise ValueError(f"prefilter must be >= 0 (candidate pages per budget page; 0: off), got {self.prefilter}")
         if self.gqa_aggregation not in GQA_AGGREGATIONS:
             raise ValueError(
                 f"gqa_aggregation must be one of {GQA_AGGREGATIONS}, got {self.gqa_aggregation!r}"
@@ -70,6 +79,11 @@ class LocksConfig:
     def budget_pages(self) -> int:
         """Sealed pages attended per (request, KV head), forced ones included."""
         return self.token_budget // self.page_size
+
+    @property
+    def candidate_pages(self) -> int:
+        """Pages per (request, KV head) the prefilter keeps for full scoring; 0: no prefilter."""
+        return self.prefilter * self.budget_pages
 
     @property
     def quantized(self) -> bool:

@@ -6,8 +6,8 @@ import torch
 
 from .config import LocksConfig
 from .kernels.aggregate_scores import aggregate_scores_torch
-from .kernels.score_pages import score_pages_torch, score_pages_triton
 from .kernels.selected_indices import SelectionState, selected_indices_torch, selected_indices_triton
+from .scoring import locks_scores_torch, locks_scores_triton
 from .selection import select_pages, selected_pages
 from .sparse_decode import SparseDecodeWrapper, sparse_decode_reference
 from .summaries import PageSummaries
@@ -30,8 +30,11 @@ class LocksDecode:
         max_batch_size: int,
         use_cuda_graph: bool = False,
         score_options: dict = None,
+        candidates: torch.Tensor = None,
     ) -> None:
-        """score_options: launch options of score_pages_triton (tile sizes, variants) to override its defaults."""
+        """score_options: launch options of score_pages_triton (tile sizes, variants) to override its defaults.
+        candidates: a [>= max_batch_size * H_kv, config.candidate_pages] int32 buffer for the prefilter's
+        candidate pages, which decoders running one after the other may share (allocated when None)."""
         self.config = config
         self.score_options = dict(score_options or {})
         max_indices = max_batch_size * num_kv_heads * (config.budget_pages + 1)
@@ -42,6 +45,11 @@ class LocksDecode:
         self.max_pages = 0
         self.num_kv_heads = num_kv_heads
         self.selection_state = SelectionState(max_batch_size * num_kv_heads, workspace.device)
+        # The prefilter's candidate pages of each row (scoring.locks_scores_triton).
+        if candidates is None:
+            candidates = torch.zeros(max_batch_size * num_kv_heads, config.candidate_pages, dtype=torch.int32,
+                                     device=workspace.device)
+        self.candidates = candidates
 
     def plan(self, seq_lens_cpu: torch.Tensor, q_dtype, kv_dtype, sm_scale: float = None, max_pages: int = None) -> None:
         """max_pages: width of the score buffers (static under CUDA graphs); default the longest request's."""
@@ -52,8 +60,8 @@ class LocksDecode:
 
     def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens) -> None:
         cfg = self.config
-        scored = score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages,
-                                    self.sm_scale, **self.score_options)
+        scored = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages,
+                                     self.sm_scale, cfg, self.selection_state, self.candidates, self.score_options)
         selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr,
                                 self.sparse.indices, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
                                 cfg.gqa_aggregation, cfg.budget_pages, self.selection_state)
@@ -68,7 +76,7 @@ def locks_decode_reference(q, k_cache, v_cache, summaries, req_to_token, req_poo
     """Torch reference of LocksDecode.run (scores in the dtype of q, attention in float32)."""
     hkv = summaries.num_kv_heads
     max_pages = max(1, int(seq_lens.max()) // config.page_size)
-    scores = score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
+    scores = locks_scores_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, config)
     agg = aggregate_scores_torch(scores, seq_lens, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation)
     sel = select_pages(agg, config.budget_pages)
     indptr, indices = selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, hkv, config.budget_pages)

@@ -6,6 +6,8 @@ from sglang_locks.config import LocksConfig
 def test_defaults_valid():
     c = LocksConfig()
     assert (c.page_size, c.rank, c.token_budget, c.budget_pages) == (16, 8, 2048, 128)
+    assert (c.prefilter, c.candidate_pages) == (8, 1024)
+    assert LocksConfig(prefilter=0).candidate_pages == 0
     assert c.quantized
 
 
@@ -23,6 +25,7 @@ def test_defaults_valid():
         (dict(summary_precision="int2"), "summary_precision"),
         (dict(gqa_aggregation="mean"), "gqa_aggregation"),
         (dict(min_step_tokens=-1), "min_step_tokens"),
+        (dict(prefilter=-1), "prefilter"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, field):

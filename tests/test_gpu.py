@@ -51,9 +51,10 @@ def test_sparse_decode_matches_reference(seq_lens, hkv, group):
 
 @pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)
 @pytest.mark.parametrize("precision", ["int8-int4-int8", "fp32"])
-def test_locks_step_matches_reference(seq_lens, hkv, group, precision):
+@pytest.mark.parametrize("prefilter", [0, 4])  # 4: 64 candidate pages of 300-500
+def test_locks_step_matches_reference(seq_lens, hkv, group, precision, prefilter):
     c = random_cache(seq_lens, hkv, 128, precision, device="cuda", seed=11 + group)
-    cfg = LocksConfig(token_budget=256, summary_precision=precision)
+    cfg = LocksConfig(token_budget=256, summary_precision=precision, prefilter=prefilter)
     bsz = len(seq_lens)
     q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, bsz)
@@ -88,12 +89,13 @@ def test_locks_step_matches_reference(seq_lens, hkv, group, precision):
 
 def selected_indices_reference(q, c, cfg):
     from sglang_locks.kernels.aggregate_scores import aggregate_scores_torch
-    from sglang_locks.kernels.score_pages import score_pages_torch
+    from sglang_locks.scoring import locks_scores_torch
     from sglang_locks.selection import select_pages
 
     hkv = c["summaries"].num_kv_heads
     max_pages = max(1, int(c["seq_lens"].max()) // 16)
-    scores = score_pages_torch(q.double(), c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
+    scores = locks_scores_torch(q.double(), c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
+                                max_pages, 128**-0.5, cfg)
     agg = aggregate_scores_torch(scores, c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
     sel = select_pages(agg, cfg.budget_pages)
     indptr, indices = selected_indices_torch(sel.cpu(), c["req_to_token"].cpu(), c["req_pool_indices"].cpu(),

@@ -17,9 +17,11 @@ import sys
 sys.path.insert(0, {benchmarks!r})
 import score_sass
 module = score_sass.load_module(None)
-kernel = score_sass.compile_score_kernel(module, {group}, {kv_heads}, {conversion!r})
-ptx, cubin = kernel.asm["ptx"], kernel.asm["cubin"]
-print("lg2.approx.f32" in ptx, "0xF0F0F0F0" in ptx, "0x64086408" in ptx, len(cubin) > 0)
+for terms in ("full", "candidates", "centroid"):
+    kernel = score_sass.compile_score_kernel(module, {group}, {kv_heads}, {conversion!r}, terms=terms,
+                                             block_pages=module.score_launch({group}, True, terms)[0])
+    ptx, cubin = kernel.asm["ptx"], kernel.asm["cubin"]
+    print("lg2.approx.f32" in ptx, "0xF0F0F0F0" in ptx, "0x64086408" in ptx, len(cubin) > 0)
 """
 
 
@@ -29,11 +31,14 @@ def test_score_kernel_builds_for_sm90(group, kv_heads, conversion):
     code = BUILD.format(benchmarks=BENCHMARKS, group=group, kv_heads=kv_heads, conversion=conversion)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    sfu_log2, int4_to_int8, int4_to_f16, built = out.stdout.split()
-    assert built == "True"
-    assert sfu_log2 == "True"  # log2 on the SFU, not libdevice
-    assert int4_to_int8 == str(conversion == "int8")  # the nibble shift in PTX on the int8 path only
-    assert int4_to_f16 == str(conversion == "ptx")  # the magic-number conversion on the ptx path only
+    launches = [line.split() for line in out.stdout.splitlines()]
+    assert len(launches) == 3  # full, candidates, centroid
+    for terms, (sfu_log2, int4_to_int8, int4_to_f16, built) in zip(("full", "candidates", "centroid"), launches):
+        assert built == "True"
+        full = terms != "centroid"  # the centroid launch reads no basis and takes no log
+        assert sfu_log2 == str(full)  # log2 on the SFU, not libdevice
+        assert int4_to_int8 == str(full and conversion == "int8")  # the nibble shift in PTX on the int8 path only
+        assert int4_to_f16 == str(full and conversion == "ptx")  # the magic-number conversion on the ptx path only
 
 
 SELECT_BUILD = """
@@ -44,14 +49,15 @@ from triton.compiler import ASTSource
 from sglang_locks.kernels import selected_indices as m
 fn = m._select_kernel
 names = fn.arg_names
-consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, PARTS_P2=8, MODE=0,
-              LOG_G=math.log(4), PHASE=0, SYNC=True)
-floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
-sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else "*i32" if n.endswith("_ptr") else "i32"
-       for n in names}
-src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
-print("atom.global.gpu.release.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx)
+for logical in (False, True):  # page entries, candidate lists
+    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, PARTS_P2=8, MODE=0,
+                  LOG_G=math.log(4), PHASE=0, SYNC=True, LOGICAL=logical)
+    floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
+    sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else "*i32" if n.endswith("_ptr") else "i32"
+           for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
+    print("atom.global.gpu.release.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx)
 """
 
 
@@ -60,7 +66,9 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", SELECT_BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    release, acquire, l2_loads = out.stdout.split()
-    assert release == "True"  # arrival publishes the program's stores at GPU scope
-    assert acquire == "True"  # the wait reads the counter with acquire semantics
-    assert l2_loads == "True"  # other programs' histograms are read from L2, not a stale L1
+    builds = [line.split() for line in out.stdout.splitlines()]
+    assert len(builds) == 2
+    for release, acquire, l2_loads in builds:
+        assert release == "True"  # arrival publishes the program's stores at GPU scope
+        assert acquire == "True"  # the wait reads the counter with acquire semantics
+        assert l2_loads == "True"  # other programs' histograms are read from L2, not a stale L1

@@ -10,8 +10,11 @@ from sglang_locks.kernels.aggregate_scores import (
     aggregate_scores_triton,
     key_offset_torch,
 )
+from sglang_locks.kernels._triton import interpreted
+from sglang_locks.kernels.aggregate_scores import KEY_SCALE
 from sglang_locks.kernels.score_pages import pipeline_stages, row_chunks, score_pages_torch, score_pages_triton
-from sglang_locks.scoring import score_pages
+from sglang_locks.kernels.selected_indices import SelectionState, select_pages_by_key_torch
+from sglang_locks.scoring import locks_scores_torch, locks_scores_triton, score_pages
 from sglang_locks.summaries import PageSummaries
 
 CASES = [
@@ -153,3 +156,102 @@ def test_score_pages_rejects_bad_heads(device):
     q = torch.randn(1, 3, 128, device=device)
     with pytest.raises(ValueError, match="multiple of KV heads"):
         score_pages(q, c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], 4, 0.1, LocksConfig())
+
+
+def _lse_of_partials(part_max, part_sum):
+    return torch.logsumexp(part_max.double() + part_sum.double().log(), -1)
+
+
+@pytest.mark.parametrize("seq_lens, hkv, group", CASES)
+@pytest.mark.parametrize("precision", ["int8-int4-int8", "fp32"])
+def test_centroid_launch_matches_reference(seq_lens, hkv, group, precision, device):
+    c = random_cache(seq_lens, hkv, 128, precision, device=device, seed=group)
+    q = torch.randn(len(seq_lens), hkv * group, 128, device=device).bfloat16()
+    max_pages = max(seq_lens) // 16 + 3
+    args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
+    scores, part_max, part_sum = score_pages_triton(q, *args, terms="centroid", chunk_pages=64)
+    ref = score_pages_torch(q.double(), *args, terms="centroid")
+    finite = torch.isfinite(ref)
+    tol = 2e-2 if precision != "int8-int4-int8" else 1e-3
+    assert torch.allclose(scores[finite].double(), ref[finite], atol=tol, rtol=tol)
+    # Jensen: a page's centroid estimate never exceeds its full score (centred coefficients).
+    full = score_pages_torch(q.double(), *args)
+    assert (ref[finite] <= full[finite] + 1e-9).all()
+    lse, lse_ref = _lse_of_partials(part_max, part_sum), torch.logsumexp(ref, -1)
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(lse_ref))
+    fin = torch.isfinite(lse_ref)
+    assert torch.allclose(lse[fin], lse_ref[fin], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("seq_lens, hkv, group", CASES)
+def test_prefilter_scores_its_candidates_in_full(seq_lens, hkv, group, device):
+    """Candidates: each row's top M pages by the centroid estimate (forced pages first, every page when
+    they fit), in page order; they get full scores, the rest keep the estimate, and the two launches'
+    partials merge into each head's total over those scores."""
+    cfg = LocksConfig(token_budget=48, sink_pages=1, local_pages=1, prefilter=3)  # M = 9 pages
+    c = random_cache(seq_lens, hkv, 128, device=device, seed=5 + group)
+    bsz = len(seq_lens)
+    rows = bsz * hkv
+    q = torch.randn(bsz, hkv * group, 128, device=device).bfloat16()
+    max_pages = max(seq_lens) // 16 + 3
+    args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
+    cand = torch.full((rows + 2, cfg.candidate_pages), -1, dtype=torch.int32, device=device)
+    state = SelectionState(rows, device)
+    scores, part_max, part_sum = locks_scores_triton(q, *args, cfg, state, cand, dict(chunk_pages=16))
+    assert not state.hist.any() and not state.arrived.any()
+    assert (cand[rows:] == -1).all()
+    # The candidate selection's own input: the centroid launch's scores and partials.
+    centroid, c_max, c_sum = score_pages_triton(q, *args, terms="centroid")
+    agg = aggregate_scores_triton(centroid, c_max, c_sum, c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, "mass")
+    flat = agg.view(rows, -1).cpu()
+    want = select_pages_by_key_torch(flat.view(bsz, hkv, -1), key_offset_torch(c_max.cpu(), c_sum.cpu(), hkv, "mass"),
+                                     cfg.candidate_pages)
+    full_ref = score_pages_torch(q.double(), *args)
+    cent_ref = score_pages_torch(q.double(), *args, terms="centroid")
+    keep = torch.zeros(rows, max_pages, dtype=torch.bool)
+    for row in range(rows):
+        n = int(c["seq_lens"][row // hkv]) // 16
+        k = min(n, cfg.candidate_pages)
+        got = cand[row, :k].cpu()
+        assert (cand[row, k:] == -1).all()
+        assert torch.equal(got, got.sort().values) and (got >= 0).all() and (got < n).all()
+        assert len(set(got.tolist())) == k
+        if n > cfg.candidate_pages:
+            assert {0, n - 1} <= set(got.tolist())  # sink and local pages
+            if set(got.tolist()) != set(want[row].tolist()):
+                assert not interpreted(), "the interpreter computes the same keys in both"
+                kth = flat[row, want[row]].min()
+                swapped = sorted(set(got.tolist()) ^ set(want[row].tolist()))
+                assert (flat[row, swapped] - kth).abs().max() < 2 / KEY_SCALE.value
+        keep[row, got.long()] = True
+    keep = keep.view(bsz, hkv, 1, max_pages).expand(-1, -1, group, -1).reshape(bsz, hkv * group, max_pages)
+    ref = torch.where(keep.to(device), full_ref, cent_ref)
+    finite = torch.isfinite(ref)
+    assert torch.allclose(scores[finite].double(), ref[finite], atol=1e-3, rtol=1e-3)
+    lse, lse_ref = _lse_of_partials(part_max, part_sum), torch.logsumexp(ref, -1)
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(lse_ref))
+    fin = torch.isfinite(lse_ref)
+    assert torch.allclose(lse[fin], lse_ref[fin], atol=1e-3, rtol=1e-3)
+
+
+def test_prefilter_reference_keeps_the_best_pages_by_centroid(device):
+    """locks_scores_torch: full scores on each row's top candidate_pages by centroid estimate, the
+    estimate elsewhere; without the prefilter (or when every page fits) the full scores."""
+    seq_lens, hkv, group = [16 * 60 + 3, 16 * 7], 2, 4
+    c = random_cache(seq_lens, hkv, 128, device=device, seed=9)
+    q = torch.randn(2, hkv * group, 128, device=device, dtype=torch.float64)
+    args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], 60, 128**-0.5)
+    full = score_pages_torch(q, *args)
+    cent = score_pages_torch(q, *args, terms="centroid")
+    assert torch.equal(locks_scores_torch(q, *args, LocksConfig(token_budget=48, prefilter=0)), full)
+    assert torch.equal(locks_scores_torch(q, *args, LocksConfig(token_budget=48, prefilter=20)), full)  # 60 <= 60
+    got = locks_scores_torch(q, *args, LocksConfig(token_budget=48, prefilter=3))
+    is_full = (got == full).view(2, hkv, group, -1).all(2)
+    for b, n in enumerate((c["seq_lens"] // 16).tolist()):
+        for h in range(hkv):
+            if n <= 9:
+                assert is_full[b, h, :n].all()
+                continue
+            assert int(is_full[b, h, :n].sum()) == 9
+            assert torch.equal(got[b, h * group:(h + 1) * group, :n][:, ~is_full[b, h, :n]],
+                               cent[b, h * group:(h + 1) * group, :n][:, ~is_full[b, h, :n]])

@@ -88,6 +88,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.eager_decoder: Optional[LocksDecode] = None
         self.eager_capacity = 0
         self.graph_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # static (seq_lens, short)
+        self.graph_candidates: Optional[torch.Tensor] = None  # the prefilter's, shared by the graph decoders
         self.locks_seq_lens: Optional[torch.Tensor] = None  # this step's: LOCKS lengths [bs]
         self.short_rows: Optional[torch.Tensor] = None  # and rows decoded densely [bs]
         self.decoder: Optional[LocksDecode] = None
@@ -185,6 +186,8 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
         self.graph_rows = self._row_buffers(max_bs)
+        self.graph_candidates = torch.zeros(max_bs * self.num_kv_heads, self.config.candidate_pages, dtype=torch.int32,
+                                            device=self.locks_workspace.device)
 
     def _row_buffers(self, bs: int) -> Tuple[torch.Tensor, torch.Tensor]:
         device = self.locks_workspace.device
@@ -192,7 +195,8 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
 
     def _new_decoder(self, bs: int, use_cuda_graph: bool) -> LocksDecode:
         return LocksDecode(self.config, self.locks_workspace, self.num_qo_heads, self.num_kv_heads,
-                           self.head_dim, bs, use_cuda_graph)
+                           self.head_dim, bs, use_cuda_graph,
+                           candidates=self.graph_candidates if use_cuda_graph else None)
 
     def _plan_decode(self, fb, decoder: LocksDecode, rows, max_pages, check_stale: bool = True) -> None:
         bs = fb.batch_size

@@ -30,6 +30,7 @@ FLAGS = {
     "min_context": "--locks-min-context",
     "min_step_tokens": "--locks-min-step-tokens",
     "summary_precision": "--locks-summary-precision",
+    "prefilter": "--locks-prefilter",
 }
 # SGLang: the KV cache must hold what the summaries and FlashInfer sparse decode read as is.
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
@@ -60,6 +61,9 @@ def add_locks_args(_result, parser: argparse.ArgumentParser) -> None:
     g.add_argument("--locks-min-step-tokens", type=int, default=None,
                    help="Decode steps whose requests hold fewer KV tokens in all run FlashInfer's dense decode "
                         "(default: 262144 / KV heads per GPU, where LOCKS stops paying off; 0: never).")
+    g.add_argument("--locks-prefilter", type=int, default=_DEFAULTS.prefilter,
+                   help="Score every page by its centroid first and only the best PREFILTER x budget pages of each "
+                        "request and KV head in full (0: every page in full).")
     g.add_argument("--locks-summary-precision", choices=SUMMARY_PRECISIONS, default=_DEFAULTS.summary_precision,
                    help="Storage of the page summaries.")
 
@@ -79,7 +83,7 @@ def locks_config_from_args(ns: argparse.Namespace) -> Optional[LocksConfig]:
         config = LocksConfig(rank=ns.locks_rank, token_budget=ns.locks_token_budget, sink_pages=ns.locks_sink_pages,
                              local_pages=ns.locks_local_pages, dense_layers=tuple(ns.locks_dense_layers),
                              summary_precision=ns.locks_summary_precision, min_context=min_context,
-                             min_step_tokens=ns.locks_min_step_tokens)
+                             min_step_tokens=ns.locks_min_step_tokens, prefilter=ns.locks_prefilter)
     except ValueError as e:
         raise _flag_error(str(e)) from None
     if config.local_pages < 1:
