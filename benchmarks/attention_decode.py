@@ -186,13 +186,13 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
                 locks_scores_triton(q, sums[layer % n_sum], *tables, dec.max_pages, sm_scale, cfg,
                                     dec.selection_state, dec.candidates, dec.score_options)
 
-        parts = locks_scores_triton(q, sums[0], *tables, dec.max_pages, sm_scale, cfg, dec.selection_state,
-                                    dec.candidates, dec.score_options)
+        *parts, candidates = locks_scores_triton(q, sums[0], *tables, dec.max_pages, sm_scale, cfg,
+                                                 dec.selection_state, dec.candidates, dec.score_options)
 
         def select_step():  # aggregate, page keys, radix top-k and page entries: one kernel
             for _ in range(layers):
                 selected_indices_triton(*parts, *tables, dec.sparse.indptr, dec.sparse.indices, hkv, *forced,
-                                        cfg.budget_pages, dec.selection_state)
+                                        cfg.budget_pages, dec.selection_state, candidates)
 
         def attend_step():
             for layer in range(layers):
@@ -236,7 +236,7 @@ def prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps) -> dict:
     bsz, hq, _ = q.shape
     hkv = sums[0].num_kv_heads
     rows = bsz * hkv
-    cand = dec.candidates[:rows]
+    cand = dec.candidates
     n_centroid = score_chunks(rows, dec.max_pages, q.device, CENTROID_BLOCK_PAGES)[1]
     scores = torch.empty(bsz, hq, dec.max_pages, device="cuda")
     pm = torch.empty(bsz, hq, n_centroid, device="cuda")

@@ -73,10 +73,12 @@ def row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, stride, BLOCK_G:
 
 
 @triton.jit
-def aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, lse, sink_pages, local_pages, MODE: tl.constexpr):
-    """Aggregated scores of pages p of one (request, KV head): +inf forced, -inf past the sealed pages."""
-    valid = p < n_sealed
-    s = tl.load(scores_ptr + qrows[:, None] * max_pages + p[None, :],
+def aggregate_block(scores_ptr, qrows, gmask, width, p, n_items, page, n_sealed, lse, sink_pages, local_pages,
+                    MODE: tl.constexpr):
+    """Aggregated scores of items p (scores width apart per query head) of one (request, KV head), their
+    logical pages page of n_sealed: +inf forced (sink and local pages), -inf past the row's n_items."""
+    valid = p < n_items
+    s = tl.load(scores_ptr + qrows[:, None] * width + p[None, :],
                 mask=gmask[:, None] & valid[None, :], other=float("-inf"))
     if MODE == 0:
         x = s - lse[:, None]
@@ -89,7 +91,7 @@ def aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, lse, sink_
         m = tl.max(s, 0)
         safe = tl.where(m == float("-inf"), 0.0, m)
         agg = safe + tl.log(tl.sum(tl.exp(s - safe[None, :]), 0))
-    forced = (p < sink_pages) | (p >= n_sealed - local_pages)
+    forced = (page < sink_pages) | (page >= n_sealed - local_pages)
     agg = tl.where(forced, float("inf"), agg)
     return tl.where(valid, agg, float("-inf"))
 
@@ -122,7 +124,8 @@ def _aggregate_kernel(
     qrows = (b * HKV * G + (row % HKV) * G + g).to(tl.int64)
     lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, n_chunks, BLOCK_G, BLOCK_N)
     p = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
-    agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, lse, sink_pages, local_pages, MODE)
+    agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, p, n_sealed, lse, sink_pages, local_pages,
+                          MODE)
     tl.store(out_ptr + row.to(tl.int64) * max_pages + p, agg, mask=p < max_pages)
 
 

@@ -251,13 +251,15 @@ def _score_pages_kernel(
     # GP: query rows of a dot: G padded with zero rows to 16, or (IDOT) two int8 planes of G rows.
     n_sealed = tl.minimum(tl.load(seq_lens_ptr + b) // PAGE, max_pages)
     table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
-    # Items: the sealed pages, or (candidates) the first min(n_sealed, n_cand) entries of the row's
-    # candidate list, logical page ids.
+    # Items: the sealed pages, scores written at their logical page; or (candidates) the row's
+    # first min(n_sealed, n_cand) candidates, read as their first slots, scores written in candidate order.
     if TERMS == 2:
         n_items = tl.minimum(n_sealed, n_cand)
         cand_row = cand_ptr + row.to(tl.int64) * n_cand
+        width = n_cand
     else:
         n_items = n_sealed
+        width = max_pages
     # The grid is sized for max_pages (static under CUDA graphs, e.g. the server's context
     # length); this row's items are split over all of its chunks, in whole blocks.
     row_chunk = tl.cdiv(tl.cdiv(n_items, n_chunks), BLOCK_P) * BLOCK_P
@@ -290,20 +292,17 @@ def _score_pages_kernel(
     # columns are dropped at the store.
     last = tl.maximum(end - 1, 0)
     if TERMS == 2:
-        page_next = tl.load(cand_row + tl.minimum(start + jp, last))
-        slot_next = tl.load(table + page_next * PAGE)
+        slot_next = tl.load(cand_row + tl.minimum(start + jp, last))
     else:
         slot_next = tl.load(table + tl.minimum(start + jp, last) * PAGE)
-    for i0 in range(start, end, BLOCK_P):
-        valid = i0 + jp < end
+    for p0 in range(start, end, BLOCK_P):
+        p = p0 + jp
+        valid = p < end
         slot = slot_next
         if TERMS == 2:
-            p = page_next
-            page_next = tl.load(cand_row + tl.minimum(i0 + BLOCK_P + jp, last))
-            slot_next = tl.load(table + page_next * PAGE)
+            slot_next = tl.load(cand_row + tl.minimum(p + BLOCK_P, last))
         else:
-            p = i0 + jp
-            slot_next = tl.load(table + tl.minimum(i0 + BLOCK_P + jp, last) * PAGE)
+            slot_next = tl.load(table + tl.minimum(p + BLOCK_P, last) * PAGE)
         rec = slot // PAGE * HKV + h   # summary record of (page, KV head)
         if BIG:
             rec = rec.to(tl.int64)
@@ -354,7 +353,7 @@ def _score_pages_kernel(
             c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
             s2 = _page_lse(proj, c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT, CVT) + qmu
         s2 = tl.where(valid[None, :], s2, float("-inf"))
-        tl.store(scores_ptr + out_rows[:, None] * max_pages + p[None, :], s2 * LN2, mask=valid[None, :])
+        tl.store(scores_ptr + out_rows[:, None] * width + p[None, :], s2 * LN2, mask=valid[None, :])
 
         bm = tl.maximum(run_m, tl.max(s2, 1))
         if TERMS == 2:
@@ -466,13 +465,14 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
 
     terms: "full" scores every sealed page; "centroid" every sealed page by
-    q . mu + log 16 alone; "candidates" scores in full the first min(n_sealed,
-    M) pages of candidates [B * H_kv, M] (logical page ids of each (request,
-    KV head) row), and its partials sum, per chunk, each candidate's mass less
-    its centroid estimate: after a centroid launch into the same scores, the
-    two launches' partials together make each head's total. out: (scores,
-    part_max, part_sum, first) to write into, this launch's partials at
-    chunks [first, first + n_chunks) of part_max's last dimension.
+    q . mu + log 16 alone; "candidates" scores in full each (request, KV head)
+    row's first min(n_sealed, M) candidates of candidates [2, >= B * H_kv, M]
+    (candidate_pages_triton's logical pages and first slots), scores
+    [B, Hq, M] in candidate order, and its partials sum, per chunk, each
+    candidate's mass less its centroid estimate: with a centroid launch's
+    partials they make each head's total. out: (scores, part_max, part_sum,
+    first) to write into, this launch's partials at chunks [first, first +
+    n_chunks) of part_max's last dimension.
     """
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
@@ -482,7 +482,10 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     if terms not in TERMS:
         raise ValueError(f"terms must be one of {sorted(TERMS)}, got {terms!r}")
     if (terms == "candidates") != (candidates is not None):
-        raise ValueError("candidates [B * H_kv, M] are given exactly when terms='candidates'")
+        raise ValueError("candidates [2, B * H_kv, M] are given exactly when terms='candidates'")
+    if candidates is not None and (candidates.dim() != 3 or candidates.shape[0] != 2 or not candidates.is_contiguous()
+                                   or candidates.shape[1] < bsz * hkv):
+        raise ValueError(f"candidates must be a contiguous [2, >= {bsz * hkv}, M] tensor, got {tuple(candidates.shape)}")
     rank_p = triton.next_power_of_2(rank)
     if int_conversion not in CONVERSIONS:
         raise ValueError(f"int_conversion must be one of {sorted(CONVERSIONS)}, got {int_conversion!r}")
@@ -495,15 +498,17 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     num_warps = num_warps or launch[1]
     num_stages = num_stages or launch[2]
     maxnreg = launch[3] if maxnreg is None else maxnreg
-    n_cand = max_pages if candidates is None else candidates.shape[1]
+    n_cand = max_pages if candidates is None else candidates.shape[2]
     chunk_pages, n_chunks = score_chunks(bsz * hkv, n_cand, q.device, block_pages, chunk_pages)
     if out is None:
-        scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
+        scores = torch.empty(bsz, hq, n_cand, dtype=torch.float32, device=q.device)
         part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=q.device)
         part_sum = torch.empty_like(part_max)
         first = 0
     else:
         scores, part_max, part_sum, first = out
+        if scores.shape != (bsz, hq, n_cand):
+            raise ValueError(f"scores must be [{bsz}, {hq}, {n_cand}], got {tuple(scores.shape)}")
         if first + n_chunks > part_max.shape[-1]:
             raise ValueError(f"chunks [{first}, {first + n_chunks}) exceed the partials' {part_max.shape[-1]}")
     if q.stride(2) != 1:
@@ -512,7 +517,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         q, q.stride(0), q.stride(1),
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
-        seq_lens if candidates is None else candidates, n_cand,
+        seq_lens if candidates is None else candidates[1], n_cand,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
         HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,

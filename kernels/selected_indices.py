@@ -55,13 +55,25 @@ def _kth_bin(hist, k):
 
 
 @triton.jit
-def _entry(table, p, mask, HKV: tl.constexpr, h, PAGE: tl.constexpr, LOGICAL: tl.constexpr):
-    """What a selected page p is written as: p itself, or FlashInfer's entry of its page of head h."""
-    if LOGICAL:
-        out = p
+def _item(i, mask, table, cand_pages, cand_slots, PAGE: tl.constexpr, STAGE: tl.constexpr):
+    """(logical page, first slot) of items i: pages themselves, or (STAGE 2) candidate list entries."""
+    if STAGE == 2:
+        page = tl.load(cand_pages + i, mask=mask, other=0)
+        slot = tl.load(cand_slots + i, mask=mask, other=0)
     else:
-        out = tl.load(table + p * PAGE, mask=mask, other=0) * HKV + h
-    return out
+        page = i
+        slot = tl.load(table + i * PAGE, mask=mask, other=0)
+    return page, slot
+
+
+@triton.jit
+def _write(out, out_slots, pos, page, slot, mask, HKV: tl.constexpr, h, STAGE: tl.constexpr):
+    """A selected page: a candidate list entry (STAGE 1: page and slot), or FlashInfer's entry of its page of head h."""
+    if STAGE == 1:
+        tl.store(out + pos, page, mask=mask)
+        tl.store(out_slots + pos, slot, mask=mask)
+    else:
+        tl.store(out + pos, slot * HKV + h, mask=mask)
 
 
 @triton.jit
@@ -79,11 +91,11 @@ def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
 def _select_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks, part_stride,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr,
-    keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
+    cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
     sink_pages, local_pages, budget_pages, parts,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     BLOCK: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
-    PHASE: tl.constexpr, SYNC: tl.constexpr, LOGICAL: tl.constexpr,
+    PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -93,16 +105,28 @@ def _select_kernel(
     n_sealed = seq_len // PAGE
     req = tl.load(req_pool_ptr + b).to(tl.int64)
     table = req_to_token_ptr + req * stride_rt
-    # LOGICAL (a candidate list): logical page ids at row * budget_pages, no tail; otherwise
-    # FlashInfer's page entries at the row's indptr.
-    if LOGICAL:
-        base = row.to(tl.int64) * budget_pages
+    # STAGE 0: a row's items are its sealed pages, its selection goes out as FlashInfer's page entries
+    # at the row's indptr, then its tail page. STAGE 1 (the prefilter's candidates): the same items,
+    # the selection goes out as a candidate list (logical pages and first slots) at row * n_cand.
+    # STAGE 2: the items are the row's first min(n_sealed, n_cand) candidates, scores in candidate
+    # order; out as in STAGE 0.
+    cand_row = row.to(tl.int64) * n_cand
+    cand_pages = cand_pages_ptr + cand_row
+    cand_slots = cand_slots_ptr + cand_row
+    if STAGE == 1:
+        out = cand_pages
+        out_slots = cand_slots
     else:
-        base = tl.load(indptr_ptr + row).to(tl.int64)
-    # The row's sealed pages are split over its parts programs in whole blocks.
-    span = tl.cdiv(tl.cdiv(n_sealed, parts), BLOCK) * BLOCK
+        out = indices_ptr + tl.load(indptr_ptr + row).to(tl.int64)
+        out_slots = out
+    if STAGE == 2:
+        n_items = tl.minimum(n_sealed, n_cand)
+    else:
+        n_items = n_sealed
+    # The row's items are split over its parts programs in whole blocks.
+    span = tl.cdiv(tl.cdiv(n_items, parts), BLOCK) * BLOCK
     start = part * span
-    end = tl.minimum(start + span, n_sealed)
+    end = tl.minimum(start + span, n_items)
     jb = tl.arange(0, BLOCK)
     bins = tl.arange(0, HIST_BINS)
     key_row = keys_ptr + row.to(tl.int64) * max_pages
@@ -113,7 +137,8 @@ def _select_kernel(
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
                 live = p < end
-                tl.store(indices_ptr + base + p, _entry(table, p, live, HKV, h, PAGE, LOGICAL), mask=live)
+                page, slot = _item(p, live, table, cand_pages, cand_slots, PAGE, STAGE)
+                _write(out, out_slots, p, page, slot, live, HKV, h, STAGE)
     else:
         if (PHASE == 0) | (PHASE == 1):
             g = tl.arange(0, BLOCK_G)
@@ -125,8 +150,12 @@ def _select_kernel(
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
                 live = p < end
-                agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, lse, sink_pages,
-                                      local_pages, MODE)
+                if STAGE == 2:
+                    page = tl.load(cand_pages + p, mask=live, other=0)
+                else:
+                    page = p
+                agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse,
+                                      sink_pages, local_pages, MODE)
                 key = page_key(agg, offset)
                 tl.store(key_row + p, key, mask=live)
                 counts += tl.histogram(key, HIST_BINS, mask=live)
@@ -154,8 +183,8 @@ def _select_kernel(
                 tie = (live & (key == thr)).to(tl.int32)
                 take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
                 take_i = take.to(tl.int32)
-                tl.store(indices_ptr + base + taken + tl.cumsum(take_i, 0) - take_i,
-                         _entry(table, p, take, HKV, h, PAGE, LOGICAL), mask=take)
+                page, slot = _item(p, take, table, cand_pages, cand_slots, PAGE, STAGE)
+                _write(out, out_slots, taken + tl.cumsum(take_i, 0) - take_i, page, slot, take, HKV, h, STAGE)
                 taken += tl.sum(take_i, 0)
                 ties_seen += tl.sum(tie, 0)
         if PHASE == 0:
@@ -168,12 +197,12 @@ def _select_kernel(
             if done:
                 tl.store(hist_ptr + row * HIST_BINS + bins, tl.zeros((HIST_BINS,), tl.int32))
                 tl.store(arrived_ptr + row, 0)
-    if not LOGICAL:
+    if STAGE != 1:
         if (part == 0) & ((PHASE == 0) | (PHASE == 2)):
             tail = seq_len - n_sealed * PAGE
             if tail > 0:
                 slot = tl.load(table + n_sealed * PAGE)
-                tl.store(indices_ptr + base + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
+                tl.store(out + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
 
 
 class SelectionState:
@@ -185,62 +214,84 @@ class SelectionState:
         self.arrived = torch.zeros(max_rows, dtype=torch.int32, device=device)
 
 
-def selection_parts(rows: int, max_pages: int, device: torch.device) -> int:
-    """Programs per row: up to one per block of pages, with the grid within 2 programs per SM, which
+def selection_parts(rows: int, items: int, device: torch.device, block: int = None) -> int:
+    """Programs per row: up to one per block of items, with the grid within 2 programs per SM, which
     are resident together whatever the kernel's registers (<= 255 x 128 threads each)."""
-    return max(1, min(triton.cdiv(max(max_pages, 1), PAGE_BLOCK), 2 * num_sms(device) // rows))
+    return max(1, min(triton.cdiv(max(items, 1), block or PAGE_BLOCK), 2 * num_sms(device) // rows))
 
 
-def _launch_select(scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens, indptr,
-                   out, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state, logical):
-    bsz, hq, max_pages = scores.shape
+# Items a program of the final selection over candidates handles at a time: with ~1K candidates
+# per row, blocks of 1024 would leave one program per row.
+CANDIDATE_BLOCK = 256
+_STAGES = {"pages": 0, "candidates": 1, "among_candidates": 2}
+
+
+def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens, indptr,
+                   indices, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state):
+    bsz, hq, width = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
     if rows > state.arrived.numel():
         raise ValueError(f"{rows} rows exceed the SelectionState's {state.arrived.numel()}")
+    if candidates is None:
+        cand_pages = cand_slots = seq_lens  # not read
+        n_cand = 0
+    else:
+        if candidates.dim() != 3 or candidates.shape[0] != 2 or not candidates.is_contiguous():
+            raise ValueError("candidates must be a contiguous [2, rows, M] tensor (logical pages, first slots)")
+        if candidates.shape[1] < rows:
+            raise ValueError(f"candidates hold {candidates.shape[1]} rows, fewer than {rows}")
+        cand_pages, cand_slots = candidates[0], candidates[1]
+        n_cand = candidates.shape[2]
     n_chunks = part_max.shape[-1] if score_chunks is None else score_chunks
-    parts = selection_parts(rows, max_pages, scores.device)
-    keys = torch.empty(rows, max_pages, dtype=torch.int32, device=scores.device)
+    block = CANDIDATE_BLOCK if stage == "among_candidates" else PAGE_BLOCK
+    parts = selection_parts(rows, width, scores.device, block)
+    keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
     suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
-    args = (scores, part_max, part_sum, max_pages, n_chunks, part_max.shape[-1],
-            req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, out,
-            keys, state.hist, state.arrived, suffix, sink_pages, local_pages, budget_pages, parts)
+    args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
+            req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices,
+            cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix,
+            sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
-                  BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=PAGE_BLOCK,
+                  BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=block,
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
-                  LOG_G=math.log(group), LOGICAL=logical, num_warps=4)
+                  LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase
         for phase in (1, 2):
             _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, **consts)
         state.hist.zero_()
     else:
         _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **consts)
-    return out
 
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
-                            num_kv_heads, sink_pages, local_pages, mode, budget_pages, state: SelectionState):
+                            num_kv_heads, sink_pages, local_pages, mode, budget_pages, state: SelectionState,
+                            candidates: torch.Tensor = None):
     """Select and write page entries, from the scoring kernel's outputs.
 
     scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton,
     all chunks merged); indptr [B * H_kv + 1] in pages (selection.selected_pages).
     Writes each row's entries at indptr: its top pages in logical order, then its
-    tail page.
+    tail page. With candidates [2, >= B * H_kv, M] (candidate_pages_triton's
+    list), scores are in candidate order [B, Hq, M] and the top pages are
+    chosen among each row's candidates, in candidate (= logical) order.
     """
-    return _launch_select(scores, part_max, part_sum, None, req_to_token, req_pool_indices, seq_lens, indptr,
-                          indices, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state, False)
+    stage = "pages" if candidates is None else "among_candidates"
+    _launch_select(stage, scores, part_max, part_sum, None, req_to_token, req_pool_indices, seq_lens, indptr, indices,
+                   candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state)
+    return indices
 
 
 def candidate_pages_triton(scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens,
                            candidates, num_kv_heads, sink_pages, local_pages, mode, state: SelectionState):
-    """The prefilter's top pages: per (request, KV head) row the M = candidates.shape[1] best-scored
-    sealed pages (forced pages first; every sealed page when they fit), their logical ids in page
-    order at candidates[row, :min(n_sealed, M)]. Partials: the first score_chunks of part_max's."""
-    if candidates.stride(1) != 1 or candidates.stride(0) != candidates.shape[1]:
-        raise ValueError("candidates must be a contiguous [B * H_kv, M] tensor")
-    return _launch_select(scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens,
-                          candidates, candidates, num_kv_heads, sink_pages, local_pages, mode, candidates.shape[1],
-                          state, True)
+    """The prefilter's candidates: per (request, KV head) row the M = candidates.shape[2] best-scored
+    sealed pages (forced pages first; every sealed page when they fit) in page order, their logical
+    pages at candidates[0, row, :min(n_sealed, M)] and their first slots at candidates[1, row, ...].
+    Partials: the first score_chunks of part_max's."""
+    m = candidates.shape[2]
+    _launch_select("candidates", scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens,
+                   seq_lens, seq_lens, candidates, num_kv_heads, sink_pages, local_pages, mode, m, state)
+    return candidates
 
 
 def select_pages_by_key_torch(agg, key_offset, budget_pages, **key_rule):

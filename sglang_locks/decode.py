@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from .config import LocksConfig
-from .kernels.aggregate_scores import aggregate_scores_torch
 from .kernels.selected_indices import SelectionState, selected_indices_torch, selected_indices_triton
-from .scoring import locks_scores_torch, locks_scores_triton
+from .scoring import candidate_buffer, locks_aggregate_torch, locks_scores_triton
 from .selection import select_pages, selected_pages
 from .sparse_decode import SparseDecodeWrapper, sparse_decode_reference
 from .summaries import PageSummaries
@@ -33,8 +32,8 @@ class LocksDecode:
         candidates: torch.Tensor = None,
     ) -> None:
         """score_options: launch options of score_pages_triton (tile sizes, variants) to override its defaults.
-        candidates: a [>= max_batch_size * H_kv, config.candidate_pages] int32 buffer for the prefilter's
-        candidate pages, which decoders running one after the other may share (allocated when None)."""
+        candidates: the prefilter's candidate_buffer of >= max_batch_size * H_kv rows, which decoders
+        running one after the other may share (allocated when None)."""
         self.config = config
         self.score_options = dict(score_options or {})
         max_indices = max_batch_size * num_kv_heads * (config.budget_pages + 1)
@@ -47,8 +46,7 @@ class LocksDecode:
         self.selection_state = SelectionState(max_batch_size * num_kv_heads, workspace.device)
         # The prefilter's candidate pages of each row (scoring.locks_scores_triton).
         if candidates is None:
-            candidates = torch.zeros(max_batch_size * num_kv_heads, config.candidate_pages, dtype=torch.int32,
-                                     device=workspace.device)
+            candidates = candidate_buffer(max_batch_size * num_kv_heads, config, workspace.device)
         self.candidates = candidates
 
     def plan(self, seq_lens_cpu: torch.Tensor, q_dtype, kv_dtype, sm_scale: float = None, max_pages: int = None) -> None:
@@ -60,11 +58,12 @@ class LocksDecode:
 
     def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens) -> None:
         cfg = self.config
-        scored = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages,
-                                     self.sm_scale, cfg, self.selection_state, self.candidates, self.score_options)
+        *scored, candidates = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens,
+                                                  self.max_pages, self.sm_scale, cfg, self.selection_state,
+                                                  self.candidates, self.score_options)
         selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr,
                                 self.sparse.indices, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
-                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state)
+                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, candidates)
 
     def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens):
         """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""
@@ -76,8 +75,7 @@ def locks_decode_reference(q, k_cache, v_cache, summaries, req_to_token, req_poo
     """Torch reference of LocksDecode.run (scores in the dtype of q, attention in float32)."""
     hkv = summaries.num_kv_heads
     max_pages = max(1, int(seq_lens.max()) // config.page_size)
-    scores = locks_scores_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, config)
-    agg = aggregate_scores_torch(scores, seq_lens, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation)
+    agg = locks_aggregate_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, config)
     sel = select_pages(agg, config.budget_pages)
     indptr, indices = selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, hkv, config.budget_pages)
     _, last_page_len = selected_pages(seq_lens, hkv, config.budget_pages)

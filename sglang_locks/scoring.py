@@ -1,10 +1,13 @@
 """LOCKS page scores as a decode step ranks them: every sealed page in full, or prefiltered.
 
-With config.prefilter = F > 0 (and more sealed pages than M = F * budget_pages
-fit), a step scores every sealed page by its centroid alone, keeps the M best
-of each (request, KV head) and scores those in full; the rest keep their
-centroid score, a lower bound of their full one. locks_scores_triton runs the
-kernels, locks_scores_torch is their reference, score_pages aggregates either.
+With config.prefilter = F > 0 (and score buffers wider than M = F *
+budget_pages pages), a step scores every sealed page by its centroid alone
+(q . mu + log 16, a lower bound of its full score), keeps the M best of each
+(request, KV head) as candidates, scores those in full and selects among them.
+Each query head's total mass, which normalises the GQA aggregation, counts the
+candidates' full scores and the other pages' centroid estimates.
+locks_scores_triton runs the kernels; locks_aggregate_torch is the reference
+of what the selection ranks.
 """
 
 from __future__ import annotations
@@ -25,58 +28,68 @@ def prefiltered(config: LocksConfig, max_pages: int) -> bool:
     return 0 < config.candidate_pages < max_pages
 
 
+def candidate_buffer(rows: int, config: LocksConfig, device) -> torch.Tensor:
+    """The prefilter's candidates of up to rows (request, KV head) rows: [2, rows, M] int32, logical pages then
+    first slots (candidate_pages_triton)."""
+    return torch.zeros(2, rows, config.candidate_pages, dtype=torch.int32, device=device)
+
+
 def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
                         config: LocksConfig, state: SelectionState, candidates: torch.Tensor = None,
                         score_options: dict = None):
-    """Per-head scores [B, Hq, max_pages] and chunk partials, as score_pages_triton returns them.
+    """(scores, part_max, part_sum, candidates) for selected_indices_triton.
 
-    Prefiltered, the partials of both launches sit side by side (the centroid
-    launch's first) and merge into each head's total. state: the candidate
-    selection's; candidates: a contiguous [>= B * H_kv, candidate_pages] int32
-    buffer (allocated when None). score_options: launch options of the full
-    (or candidate) launch.
+    Without the prefilter: score_pages_triton's scores [B, Hq, max_pages] and
+    partials, candidates None. Prefiltered: the candidates' full scores
+    [B, Hq, M] in candidate order, the partials of the centroid and candidate
+    launches side by side, and the candidate list (candidates, a
+    candidate_buffer of >= B * H_kv rows; allocated when None). state: the
+    candidate selection's. score_options: launch options of the full (or
+    candidate) launch.
     """
     opts = dict(score_options or {})
     args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
     if not prefiltered(config, max_pages):
-        return score_pages_triton(*args, **opts)
+        return (*score_pages_triton(*args, **opts), None)
     bsz, hq, _ = q.shape
     hkv = summaries.num_kv_heads
     rows, m = bsz * hkv, config.candidate_pages
     if candidates is None:
-        candidates = torch.empty(rows, m, dtype=torch.int32, device=q.device)
-    if candidates.shape[0] < rows or candidates.shape[1] != m:
-        raise ValueError(f"candidates must be [>= {rows}, {m}], got {tuple(candidates.shape)}")
-    candidates = candidates[:rows]
+        candidates = candidate_buffer(rows, config, q.device)
     n_centroid = score_chunks(rows, max_pages, q.device, CENTROID_BLOCK_PAGES)[1]
     n_full = score_chunks(rows, m, q.device, opts.get("block_pages") or BLOCK_PAGES, opts.get("chunk_pages"))[1]
-    scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
+    centroid = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
     part_max = torch.empty(bsz, hq, n_centroid + n_full, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
     score_pages_triton(*args, int_conversion=opts.get("int_conversion", "int8"), terms="centroid",
-                       out=(scores, part_max, part_sum, 0))
-    candidate_pages_triton(scores, part_max, part_sum, n_centroid, req_to_token, req_pool_indices, seq_lens,
+                       out=(centroid, part_max, part_sum, 0))
+    candidate_pages_triton(centroid, part_max, part_sum, n_centroid, req_to_token, req_pool_indices, seq_lens,
                            candidates, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation, state)
+    scores = torch.empty(bsz, hq, m, dtype=torch.float32, device=q.device)
     score_pages_triton(*args, terms="candidates", candidates=candidates, out=(scores, part_max, part_sum, n_centroid),
                        **opts)
-    return scores, part_max, part_sum
+    return scores, part_max, part_sum, candidates
 
 
-def locks_scores_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                       config: LocksConfig) -> torch.Tensor:
-    """Reference of locks_scores_triton's scores in the dtype of q (candidates by float top-k)."""
+def locks_aggregate_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
+                          config: LocksConfig) -> torch.Tensor:
+    """Reference of what the decode selection ranks: aggregated scores [B, H_kv, max_pages] (forced pages
+    +inf), with the prefilter -inf for pages that are not candidates (chosen by float top-k); scores in
+    the dtype of q."""
     args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
+    hkv = summaries.num_kv_heads
+    forced = (config.sink_pages, config.local_pages, config.gqa_aggregation)
     full = score_pages_torch(*args)
     if not prefiltered(config, max_pages):
-        return full
+        return aggregate_scores_torch(full, seq_lens, hkv, *forced)
     centroid = score_pages_torch(*args, terms="centroid")
     bsz, hq, _ = q.shape
-    hkv = summaries.num_kv_heads
-    agg = aggregate_scores_torch(centroid, seq_lens, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation)
     keep = torch.zeros(bsz * hkv, max_pages, dtype=torch.bool, device=q.device)
-    keep.scatter_(1, select_pages(agg, config.candidate_pages), True)
-    keep = keep.view(bsz, hkv, 1, max_pages).expand(bsz, hkv, hq // hkv, max_pages).reshape(bsz, hq, max_pages)
-    return torch.where(keep, full, centroid)
+    keep.scatter_(1, select_pages(aggregate_scores_torch(centroid, seq_lens, hkv, *forced), config.candidate_pages), True)
+    keep = keep.view(bsz, hkv, max_pages)
+    per_head = keep[:, :, None].expand(bsz, hkv, hq // hkv, max_pages).reshape(bsz, hq, max_pages)
+    agg = aggregate_scores_torch(torch.where(per_head, full, centroid), seq_lens, hkv, *forced)
+    return torch.where(keep, agg, torch.full_like(agg, float("-inf")))
 
 
 def score_pages(
@@ -89,7 +102,8 @@ def score_pages(
     sm_scale: float,
     config: LocksConfig,
 ) -> torch.Tensor:
-    """Aggregated scores [B, H_kv, max_pages]: +inf for forced pages, -inf past the sealed ones.
+    """Aggregated scores [B, H_kv, max_pages] of every sealed page scored in full (the prefilter is the
+    decode step's shortcut, LocksDecode): +inf for forced pages, -inf past the sealed ones.
 
     q [B, Hq, d] is one decode query per request; seq_lens counts the tokens in
     the cache (the unsealed tail included). Triton on CUDA (or under
@@ -98,10 +112,8 @@ def score_pages(
     hq, hkv = q.shape[1], summaries.num_kv_heads
     if hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
-    args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, config)
+    args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
     forced = (config.sink_pages, config.local_pages, config.gqa_aggregation)
     if triton_usable(q.device):
-        state = SelectionState(q.shape[0] * hkv, q.device)
-        scores, part_max, part_sum = locks_scores_triton(*args, state)
-        return aggregate_scores_triton(scores, part_max, part_sum, seq_lens, hkv, *forced)
-    return aggregate_scores_torch(locks_scores_torch(*args), seq_lens, hkv, *forced)
+        return aggregate_scores_triton(*score_pages_triton(*args), seq_lens, hkv, *forced)
+    return aggregate_scores_torch(score_pages_torch(*args), seq_lens, hkv, *forced)

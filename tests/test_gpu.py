@@ -66,8 +66,9 @@ def test_locks_step_matches_reference(seq_lens, hkv, group, precision, prefilter
     ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, got, last_page_len, hkv, 128**-0.5)
     assert _rel(out, ref) < 1e-2
     # The picks are the float64 reference's but for near-ties: a page swapped in or out lies within
-    # one selection-key step (plus the kernels' rounding) of the reference's k-th aggregated score.
-    _, want, agg = selected_indices_reference(q, c, cfg)
+    # one selection-key step (plus the kernels' rounding) of the reference's k-th aggregated score, or
+    # (prefiltered) of the k-th centroid estimate that decided the candidates.
+    _, want, agg, centroid_agg = selected_indices_reference(q, c, cfg)
     same = sum(len(set(got[a:b].tolist()) & set(want[a:b].tolist())) for a, b in zip(indptr[:-1], indptr[1:]))
     assert same >= 0.9 * len(want)
     step = 1 / KEY_SCALE.value
@@ -83,24 +84,40 @@ def test_locks_step_matches_reference(seq_lens, hkv, group, precision, prefilter
         want_pages = torch.tensor([page_of[e] for e in want[a:b].tolist() if page_of[e] < n_sealed])
         taken = agg[row, want_pages]
         kth = taken[torch.isfinite(taken)].min()
-        gap = (agg[row, torch.tensor([page_of[e] for e in swapped])] - kth).abs()
+        swapped_pages = [page_of[e] for e in swapped]
+        if centroid_agg is not None:  # pages the kernel and the reference disagree to be candidates
+            m = cfg.candidate_pages
+            cand = set(dec.candidates[0, row, : min(n_sealed, m)].tolist())
+            ref_cand = set((agg[row] > float("-inf")).nonzero().flatten().tolist())
+            cent = centroid_agg.view(bsz * hkv, -1)[row, :n_sealed].cpu()
+            kth_cent = cent.topk(m).values[-1]
+            for p in [p for p in swapped_pages if (p in cand) != (p in ref_cand)]:
+                assert abs(cent[p] - kth_cent) < 2 * step + 0.02, (row, p)
+            swapped_pages = [p for p in swapped_pages if p in cand and p in ref_cand]
+            if not swapped_pages:
+                continue
+        gap = (agg[row, torch.tensor(swapped_pages)] - kth).abs()
         assert gap.max() < 2 * step + 0.02, (row, gap)
 
 
 def selected_indices_reference(q, c, cfg):
     from sglang_locks.kernels.aggregate_scores import aggregate_scores_torch
-    from sglang_locks.scoring import locks_scores_torch
+    from sglang_locks.kernels.score_pages import score_pages_torch
+    from sglang_locks.scoring import locks_aggregate_torch, prefiltered
     from sglang_locks.selection import select_pages
 
     hkv = c["summaries"].num_kv_heads
     max_pages = max(1, int(c["seq_lens"].max()) // 16)
-    scores = locks_scores_torch(q.double(), c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
-                                max_pages, 128**-0.5, cfg)
-    agg = aggregate_scores_torch(scores, c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
+    args = (q.double(), c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
+    agg = locks_aggregate_torch(*args, cfg)
+    centroid_agg = None
+    if prefiltered(cfg, max_pages):
+        centroid_agg = aggregate_scores_torch(score_pages_torch(*args, terms="centroid"), c["seq_lens"], hkv,
+                                              cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
     sel = select_pages(agg, cfg.budget_pages)
     indptr, indices = selected_indices_torch(sel.cpu(), c["req_to_token"].cpu(), c["req_pool_indices"].cpu(),
                                              c["seq_lens"].cpu(), hkv, cfg.budget_pages)
-    return indptr, indices, agg
+    return indptr, indices, agg, centroid_agg
 
 
 @pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)

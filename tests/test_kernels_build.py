@@ -49,9 +49,9 @@ from triton.compiler import ASTSource
 from sglang_locks.kernels import selected_indices as m
 fn = m._select_kernel
 names = fn.arg_names
-for logical in (False, True):  # page entries, candidate lists
+for stage in (0, 1, 2):  # pages to entries, to a candidate list; candidates to entries
     consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, PARTS_P2=8, MODE=0,
-                  LOG_G=math.log(4), PHASE=0, SYNC=True, LOGICAL=logical)
+                  LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage)
     floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
     sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else "*i32" if n.endswith("_ptr") else "i32"
            for n in names}
@@ -67,7 +67,7 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier():
     out = subprocess.run([sys.executable, "-c", SELECT_BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [line.split() for line in out.stdout.splitlines()]
-    assert len(builds) == 2
+    assert len(builds) == 3
     for release, acquire, l2_loads in builds:
         assert release == "True"  # arrival publishes the program's stores at GPU scope
         assert acquire == "True"  # the wait reads the counter with acquire semantics

@@ -14,7 +14,7 @@ from sglang_locks.kernels._triton import interpreted
 from sglang_locks.kernels.aggregate_scores import KEY_SCALE
 from sglang_locks.kernels.score_pages import pipeline_stages, row_chunks, score_pages_torch, score_pages_triton
 from sglang_locks.kernels.selected_indices import SelectionState, select_pages_by_key_torch
-from sglang_locks.scoring import locks_scores_torch, locks_scores_triton, score_pages
+from sglang_locks.scoring import candidate_buffer, locks_aggregate_torch, locks_scores_triton, score_pages
 from sglang_locks.summaries import PageSummaries
 
 CASES = [
@@ -186,72 +186,76 @@ def test_centroid_launch_matches_reference(seq_lens, hkv, group, precision, devi
 @pytest.mark.parametrize("seq_lens, hkv, group", CASES)
 def test_prefilter_scores_its_candidates_in_full(seq_lens, hkv, group, device):
     """Candidates: each row's top M pages by the centroid estimate (forced pages first, every page when
-    they fit), in page order; they get full scores, the rest keep the estimate, and the two launches'
-    partials merge into each head's total over those scores."""
+    they fit), in page order with their first slots; their full scores come out in candidate order,
+    and the partials of both launches merge into each head's total over the candidates' full scores
+    and the other pages' estimates."""
     cfg = LocksConfig(token_budget=48, sink_pages=1, local_pages=1, prefilter=3)  # M = 9 pages
     c = random_cache(seq_lens, hkv, 128, device=device, seed=5 + group)
     bsz = len(seq_lens)
-    rows = bsz * hkv
+    rows, m = bsz * hkv, cfg.candidate_pages
     q = torch.randn(bsz, hkv * group, 128, device=device).bfloat16()
     max_pages = max(seq_lens) // 16 + 3
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
-    cand = torch.full((rows + 2, cfg.candidate_pages), -1, dtype=torch.int32, device=device)
+    cand = candidate_buffer(rows + 2, cfg, device).fill_(-1)
     state = SelectionState(rows, device)
-    scores, part_max, part_sum = locks_scores_triton(q, *args, cfg, state, cand, dict(chunk_pages=16))
+    scores, part_max, part_sum, got_cand = locks_scores_triton(q, *args, cfg, state, cand, dict(chunk_pages=16))
+    assert got_cand is cand and scores.shape == (bsz, hkv * group, m)
     assert not state.hist.any() and not state.arrived.any()
-    assert (cand[rows:] == -1).all()
+    assert (cand[:, rows:] == -1).all()
     # The candidate selection's own input: the centroid launch's scores and partials.
     centroid, c_max, c_sum = score_pages_triton(q, *args, terms="centroid")
     agg = aggregate_scores_triton(centroid, c_max, c_sum, c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, "mass")
     flat = agg.view(rows, -1).cpu()
-    want = select_pages_by_key_torch(flat.view(bsz, hkv, -1), key_offset_torch(c_max.cpu(), c_sum.cpu(), hkv, "mass"),
-                                     cfg.candidate_pages)
+    want = select_pages_by_key_torch(flat.view(bsz, hkv, -1), key_offset_torch(c_max.cpu(), c_sum.cpu(), hkv, "mass"), m)
     full_ref = score_pages_torch(q.double(), *args)
     cent_ref = score_pages_torch(q.double(), *args, terms="centroid")
     keep = torch.zeros(rows, max_pages, dtype=torch.bool)
     for row in range(rows):
-        n = int(c["seq_lens"][row // hkv]) // 16
-        k = min(n, cfg.candidate_pages)
-        got = cand[row, :k].cpu()
-        assert (cand[row, k:] == -1).all()
-        assert torch.equal(got, got.sort().values) and (got >= 0).all() and (got < n).all()
-        assert len(set(got.tolist())) == k
-        if n > cfg.candidate_pages:
-            assert {0, n - 1} <= set(got.tolist())  # sink and local pages
-            if set(got.tolist()) != set(want[row].tolist()):
+        b, h = divmod(row, hkv)
+        n = int(c["seq_lens"][b]) // 16
+        k = min(n, m)
+        pages, slots = cand[0, row, :k].cpu(), cand[1, row, :k].cpu()
+        assert (cand[:, row, k:] == -1).all()
+        assert torch.equal(pages, pages.sort().values) and (pages >= 0).all() and (pages < n).all()
+        assert len(set(pages.tolist())) == k
+        table = c["req_to_token"][int(c["req_pool_indices"][b])].cpu()
+        assert torch.equal(slots, table[pages.long() * 16])
+        if n > m:
+            assert {0, n - 1} <= set(pages.tolist())  # sink and local pages
+            if set(pages.tolist()) != set(want[row].tolist()):
                 assert not interpreted(), "the interpreter computes the same keys in both"
                 kth = flat[row, want[row]].min()
-                swapped = sorted(set(got.tolist()) ^ set(want[row].tolist()))
+                swapped = sorted(set(pages.tolist()) ^ set(want[row].tolist()))
                 assert (flat[row, swapped] - kth).abs().max() < 2 / KEY_SCALE.value
-        keep[row, got.long()] = True
+        keep[row, pages.long()] = True
+        heads = slice(h * group, (h + 1) * group)
+        assert torch.allclose(scores[b, heads, :k].double(), full_ref[b, heads][:, pages.long()], atol=1e-3, rtol=1e-3)
     keep = keep.view(bsz, hkv, 1, max_pages).expand(-1, -1, group, -1).reshape(bsz, hkv * group, max_pages)
-    ref = torch.where(keep.to(device), full_ref, cent_ref)
-    finite = torch.isfinite(ref)
-    assert torch.allclose(scores[finite].double(), ref[finite], atol=1e-3, rtol=1e-3)
-    lse, lse_ref = _lse_of_partials(part_max, part_sum), torch.logsumexp(ref, -1)
+    hybrid = torch.where(keep.to(device), full_ref, cent_ref)
+    lse, lse_ref = _lse_of_partials(part_max, part_sum), torch.logsumexp(hybrid, -1)
     assert torch.equal(torch.isfinite(lse), torch.isfinite(lse_ref))
     fin = torch.isfinite(lse_ref)
     assert torch.allclose(lse[fin], lse_ref[fin], atol=1e-3, rtol=1e-3)
 
 
-def test_prefilter_reference_keeps_the_best_pages_by_centroid(device):
-    """locks_scores_torch: full scores on each row's top candidate_pages by centroid estimate, the
-    estimate elsewhere; without the prefilter (or when every page fits) the full scores."""
+def test_prefilter_reference_ranks_only_the_best_pages_by_centroid(device):
+    """locks_aggregate_torch: with the prefilter, each row ranks its top candidate_pages pages by centroid
+    estimate (the rest -inf); without it, or when every page fits, all sealed pages."""
     seq_lens, hkv, group = [16 * 60 + 3, 16 * 7], 2, 4
     c = random_cache(seq_lens, hkv, 128, device=device, seed=9)
     q = torch.randn(2, hkv * group, 128, device=device, dtype=torch.float64)
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], 60, 128**-0.5)
-    full = score_pages_torch(q, *args)
-    cent = score_pages_torch(q, *args, terms="centroid")
-    assert torch.equal(locks_scores_torch(q, *args, LocksConfig(token_budget=48, prefilter=0)), full)
-    assert torch.equal(locks_scores_torch(q, *args, LocksConfig(token_budget=48, prefilter=20)), full)  # 60 <= 60
-    got = locks_scores_torch(q, *args, LocksConfig(token_budget=48, prefilter=3))
-    is_full = (got == full).view(2, hkv, group, -1).all(2)
+    exact = aggregate_scores_torch(score_pages_torch(q, *args), c["seq_lens"], hkv, 1, 1, "mass")
+    assert torch.equal(locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=0)), exact)
+    assert torch.equal(locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=20)), exact)  # 60 <= 60
+    got = locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=3))
+    cent = aggregate_scores_torch(score_pages_torch(q, *args, terms="centroid"), c["seq_lens"], hkv, 1, 1, "mass")
     for b, n in enumerate((c["seq_lens"] // 16).tolist()):
         for h in range(hkv):
+            ranked = got[b, h, :n] > float("-inf")
             if n <= 9:
-                assert is_full[b, h, :n].all()
+                assert ranked.all()
                 continue
-            assert int(is_full[b, h, :n].sum()) == 9
-            assert torch.equal(got[b, h * group:(h + 1) * group, :n][:, ~is_full[b, h, :n]],
-                               cent[b, h * group:(h + 1) * group, :n][:, ~is_full[b, h, :n]])
+            assert int(ranked.sum()) == 9
+            assert torch.equal(ranked.nonzero().flatten().sort().values, cent[b, h, :n].topk(9).indices.sort().values)
+            assert torch.isinf(got[b, h, [0, n - 1]]).all() and (got[b, h, [0, n - 1]] > 0).all()  # forced

@@ -133,6 +133,65 @@ def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, 
                 assert set(taken.tolist()) >= {0, n // 16 - 2, n // 16 - 1}
 
 
+@pytest.mark.parametrize("seq_lens, hkv, group, budget, m", [
+    ([16 * 50 + 7, 16 * 3 + 2, 9, 16 * 12], 3, 2, 160, 20),   # rows over M, between budget and M, under budget
+    ([16 * 900 + 3, 16 * 40], 2, 4, 160, 600),                 # candidates over several programs
+    ([16 * 30], 1, 16, 64, 8),
+])
+def test_selection_among_candidates_writes_the_top_candidates_pages(seq_lens, hkv, group, budget, m, device):
+    """The final selection of a prefiltered step: scores in candidate order, forced pages by their
+    logical page, entries of the chosen candidates' pages (in candidate = page order), then the tail."""
+    cfg = LocksConfig(token_budget=budget, sink_pages=1, local_pages=2)
+    c = random_cache(seq_lens, hkv, 64, device=device)
+    lens = c["seq_lens"].cpu()
+    bsz, rows = len(seq_lens), len(seq_lens) * hkv
+    gen = torch.Generator().manual_seed(m)
+    cand = torch.full((2, rows + 1, m), -1, dtype=torch.int32)
+    scores = torch.full((bsz, hkv * group, m), float("-inf"))
+    for row in range(rows):
+        b = row // hkv
+        n = int(lens[b]) // 16
+        k = min(n, m)
+        forced = [0] + list(range(max(1, n - 2), n)) if n > m else []
+        rest = torch.tensor([p for p in range(n) if p not in forced], dtype=torch.long)
+        rest = rest[torch.randperm(len(rest), generator=gen)][: k - len(forced)].long()
+        pages = torch.cat([torch.tensor(forced, dtype=torch.long), rest])
+        pages = pages.sort().values
+        table = c["req_to_token"][int(c["req_pool_indices"][b])].cpu()
+        cand[0, row, :k], cand[1, row, :k] = pages.int(), table[pages * 16]
+        scores[b, (row % hkv) * group:(row % hkv + 1) * group, :k] = 3 * torch.randn(group, k, generator=gen)
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    indptr, _ = selected_pages(lens, hkv, cfg.budget_pages)
+    indices = torch.full((int(indptr[-1]) + 5,), -7, dtype=torch.int32, device=device)
+    state = SelectionState(rows, device)
+    selected_indices_triton(scores.to(device), lse.to(device), torch.ones_like(lse).to(device), c["req_to_token"],
+                            c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices, hkv, cfg.sink_pages,
+                            cfg.local_pages, "mass", cfg.budget_pages, state, cand.to(device))
+    assert not state.hist.any() and not state.arrived.any()
+    got = indices.cpu()
+    assert (got[int(indptr[-1]):] == -7).all()
+    # Reference: aggregate in candidate order, forced by logical page, ranked by the kernel's keys.
+    agg = aggregate_scores_torch(scores.double(), torch.full((bsz,), 16 * m), hkv, 0, 0, "mass").view(rows, m)
+    offset = key_offset_torch(lse, torch.ones_like(lse), hkv, "mass")
+    for row in range(rows):
+        b, h = divmod(row, hkv)
+        n = int(lens[b]) // 16
+        k = min(n, m)
+        pages = cand[0, row, :k].long()
+        agg[row, :k] = torch.where((pages < cfg.sink_pages) | (pages >= n - cfg.local_pages), float("inf"), agg[row, :k])
+        agg[row, k:] = float("-inf")
+    items = select_pages_by_key_torch(agg.view(bsz, hkv, m), offset, cfg.budget_pages)
+    for row in range(rows):
+        b, h = divmod(row, hkv)
+        n, seq_len = int(lens[b]) // 16, int(lens[b])
+        table = c["req_to_token"][int(c["req_pool_indices"][b])].cpu().long()
+        pages = list(range(n)) if n <= cfg.budget_pages else cand[0, row, items[row]].long().tolist()
+        if seq_len % 16:
+            pages.append(n)  # the tail page
+        want = table[torch.tensor(pages, dtype=torch.long) * 16] * hkv + h
+        assert torch.equal(got[int(indptr[row]):int(indptr[row + 1])].long(), want), row
+
+
 def test_equal_scores_over_several_blocks_take_the_first_pages(device):
     """Every free page ties: the budget's free slots go to the first pages, forced pages keep their place."""
     n_pages, hkv = 3000, 1

@@ -28,6 +28,7 @@ from sglang.srt.runtime_context import get_parallel
 
 from ..config import PAGE_SIZE, LocksConfig
 from ..decode import LocksDecode
+from ..scoring import candidate_buffer
 from .graph_variants import DENSE, LOCKS, default_min_step_tokens, step_variant
 from .summary_store import SealedPages, SummaryStore, attach_store, store_for_pool
 
@@ -186,8 +187,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
         self.graph_rows = self._row_buffers(max_bs)
-        self.graph_candidates = torch.zeros(max_bs * self.num_kv_heads, self.config.candidate_pages, dtype=torch.int32,
-                                            device=self.locks_workspace.device)
+        self.graph_candidates = candidate_buffer(max_bs * self.num_kv_heads, self.config, self.locks_workspace.device)
 
     def _row_buffers(self, bs: int) -> Tuple[torch.Tensor, torch.Tensor]:
         device = self.locks_workspace.device
