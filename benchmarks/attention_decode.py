@@ -27,7 +27,7 @@ import torch
 
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
-from sglang_locks.kernels.score_pages import CENTROID_BLOCK_PAGES, score_chunks, score_pages_triton
+from sglang_locks.kernels.score_pages import ESTIMATE_BLOCK_PAGES, score_chunks, score_pages_triton
 from sglang_locks.kernels.selected_indices import candidate_pages_triton, selected_indices_triton
 from sglang_locks.scoring import locks_scores_triton, prefiltered
 from sglang_locks.selection import selected_lengths
@@ -205,13 +205,13 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
             prefilter_ms = prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps)
 
         # Bytes the scoring must read: every page's summary, or (prefiltered) every page's centroid and
-        # scale and the candidates' whole summaries; page ids per pass; scores written and read.
+        # first prefilter_rank ranks and the candidates' whole summaries; page ids (or candidate slots).
         full_pages = min(n_sealed, cfg.candidate_pages) if prefiltered(cfg, dec.max_pages) else n_sealed
-        centroid_bytes = 0
+        estimate_bytes = 0
         if prefiltered(cfg, dec.max_pages):
-            centroid_bytes = layers * bsz * hkv * n_sealed * (d * probe.mu.element_size() + probe.mu_scale.element_size())
-        summary_bytes = centroid_bytes + layers * bsz * hkv * full_pages * probe.bytes_per_page_per_head()
-        page_id_bytes = layers * bsz * (n_sealed + (hkv * 2 * full_pages if centroid_bytes else 0)) * 4
+            estimate_bytes = layers * bsz * hkv * n_sealed * probe.estimate_bytes_per_page_per_head(cfg.prefilter_rank)
+        summary_bytes = estimate_bytes + layers * bsz * hkv * full_pages * probe.bytes_per_page_per_head()
+        page_id_bytes = layers * bsz * (n_sealed + (hkv * full_pages if estimate_bytes else 0)) * 4
         score_io_bytes = layers * bsz * n_sealed * 4 * (2 * hq + 2 * hkv)  # scores written, read; keys written, read
         selected_kv_bytes = layers * selected_tokens * d * 2 * 2
         index_bytes = layers * selected_tokens * 4 * 2
@@ -223,7 +223,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
             "score_ms": score_ms, "select_ms": select_ms, "attend_ms": attend_ms, "prefilter_split_ms": prefilter_ms,
             "score_gbs": (summary_bytes + page_id_bytes) / score_ms / 1e6,
             "bytes_dense": bytes_dense, "bytes_locks": bytes_locks,
-            "bytes_locks_parts": {"summaries": summary_bytes, "centroids": centroid_bytes, "page_ids": page_id_bytes,
+            "bytes_locks_parts": {"summaries": summary_bytes, "estimates": estimate_bytes, "page_ids": page_id_bytes,
                                   "selected_kv": selected_kv_bytes, "indices": index_bytes,
                                   "score_intermediates": score_io_bytes},
             "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum, "score_options": dec.score_options,
@@ -237,26 +237,28 @@ def prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps) -> dict:
     hkv = sums[0].num_kv_heads
     rows = bsz * hkv
     cand = dec.candidates
-    n_centroid = score_chunks(rows, dec.max_pages, q.device, CENTROID_BLOCK_PAGES)[1]
+    n_estimate = score_chunks(rows, dec.max_pages, q.device, ESTIMATE_BLOCK_PAGES)[1]
     scores = torch.empty(bsz, hq, dec.max_pages, device="cuda")
-    pm = torch.empty(bsz, hq, n_centroid, device="cuda")
+    pm = torch.empty(bsz, hq, n_estimate, device="cuda")
     ps = torch.empty_like(pm)
     args = (*tables, dec.max_pages, dec.sm_scale)
     forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
 
-    def centroid():
+    def estimate():
         for layer in range(layers):
-            score_pages_triton(q, sums[layer % n_sum], *args, terms="centroid", out=(scores, pm, ps, 0))
+            score_pages_triton(q, sums[layer % n_sum], *args, terms="estimate", estimate_rank=cfg.prefilter_rank,
+                               out=(scores, pm, ps, 0))
 
     def candidates():
         for _ in range(layers):
-            candidate_pages_triton(scores, pm, ps, n_centroid, *tables, cand, hkv, *forced, dec.selection_state)
+            candidate_pages_triton(scores, pm, ps, n_estimate, *tables, cand, hkv, *forced, dec.selection_state)
 
     def full():
         for layer in range(layers):
-            score_pages_triton(q, sums[layer % n_sum], *args, terms="candidates", candidates=cand, **dec.score_options)
+            score_pages_triton(q, sums[layer % n_sum], *args, terms="candidates", candidates=cand, estimates=scores,
+                               **dec.score_options)
 
-    return {name: graph_ms(f, reps) for name, f in (("centroid", centroid), ("candidate_select", candidates),
+    return {name: graph_ms(f, reps) for name, f in (("estimate", estimate), ("candidate_select", candidates),
                                                      ("candidate_score", full))}
 
 

@@ -30,7 +30,7 @@ from attention_decode import SHAPES
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 POINTERS = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8",
                 coef_scale_ptr="*fp32", req_to_token_ptr="*i32", req_pool_ptr="*i32", seq_lens_ptr="*i32",
-                cand_ptr="*i32", scores_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+                cand_pages_ptr="*i32", cand_slots_ptr="*i32", est_ptr="*fp32", scores_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
 ALIGNED = set(POINTERS) | {"stride_qb", "stride_qh", "stride_rt"}
 
 
@@ -57,6 +57,10 @@ def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_s
         consts["GP"] = max(16, 2 * group) if idot else 16
     if "TERMS" in names:
         consts["TERMS"] = module.TERMS[terms]
+    if "RS" in names:  # ranks stored; an estimate launch uses the first 2 (the default prefilter rank)
+        consts["RS"] = 8
+        consts["R"] = 2 if terms == "estimate" else 8
+        consts["RP"] = consts["R"]
     sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "scale_log2" else "i32") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names if n in ALIGNED})

@@ -39,6 +39,7 @@ import triton.language as tl
 from ._triton import interpreted, num_sms
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -226,19 +227,20 @@ def _page_lse(proj, c_rows, G: tl.constexpr, GP: tl.constexpr, BLOCK_P: tl.const
     return tl.reshape(tl.permute(_log2(mass, CVT), (1, 0, 2)), (G, BLOCK_P))
 
 
-# What a launch scores (TERMS): every sealed page in full; every sealed page by its centroid alone
-# (q . mu + log 16, the prefilter); or the pages of a candidate list in full.
-TERMS = {"full": 0, "centroid": 1, "candidates": 2}
+# What a launch scores (TERMS): every sealed page in full; every sealed page by an estimate from
+# its summary's first R ranks (the prefilter; R = 0: the centroid alone, q . mu + log 16); or the
+# pages of a candidate list in full.
+TERMS = {"full": 0, "estimate": 1, "candidates": 2}
 
 
 @triton.jit
 def _score_pages_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
-    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, cand_ptr, n_cand,
+    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, cand_pages_ptr, cand_slots_ptr, n_cand, est_ptr,
     scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
     max_pages, n_chunks, scale_log2,
-    HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
+    HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, RP: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
     IDOT: tl.constexpr, GP: tl.constexpr, TERMS: tl.constexpr,
 ):
@@ -253,9 +255,11 @@ def _score_pages_kernel(
     table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
     # Items: the sealed pages, scores written at their logical page; or (candidates) the row's
     # first min(n_sealed, n_cand) candidates, read as their first slots, scores written in candidate order.
+    # R of the RS ranks stored per page enter the scores (R < RS: an estimate).
     if TERMS == 2:
         n_items = tl.minimum(n_sealed, n_cand)
-        cand_row = cand_ptr + row.to(tl.int64) * n_cand
+        cand_row = cand_slots_ptr + row.to(tl.int64) * n_cand
+        cand_pages = cand_pages_ptr + row.to(tl.int64) * n_cand
         width = n_cand
     else:
         n_items = n_sealed
@@ -319,17 +323,16 @@ def _score_pages_kernel(
             mu_lo = _operand(tl.load(mu_base), QUANT, CVT)
             mu_hi = _operand(tl.load(mu_base + HALF), QUANT, CVT)
             qmu = (tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)) * (mu_scale * scale_log2)[None, :]
-        # The centroid estimate q . mu + log 16 (log2 units): the page's score if its keys all sat
-        # on the centroid, and a lower bound of its full score (Jensen: the coefficients are centred).
         qmu = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)
-        cent = qmu + 4.0
 
-        if TERMS == 1:
-            s2 = cent
+        if R == 0:
+            # q . mu + log 16 (log2 units): the page's score if its keys all sat on the centroid, and a
+            # lower bound of its full score (Jensen: the coefficients are centred).
+            s2 = qmu + 4.0
         else:
             # V q for the r basis rows of every page: [GP, BLOCK_P * RP]
             rec_n = tl.reshape(tl.broadcast_to(rec[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,))
-            row_n = rec_n * R + r_n               # basis row and coefficient scale of each column
+            row_n = rec_n * RS + r_n              # basis row and coefficient scale of each column
             cs = tl.load(coef_scale_ptr + row_n, mask=live_r, other=0.0)
             if IDOT:
                 # Nibbles moved to the top of a byte are int8 values of 16 x the int4 element: a shift
@@ -350,17 +353,19 @@ def _score_pages_kernel(
             # proj is in log2-domain logit units: safe in fp16 for the per-key dot
 
             # Each page's coefficients are one contiguous load.
-            c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
+            c_rows = tl.load(coef_ptr + rec[:, None] * (RS * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
             s2 = _page_lse(proj, c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT, CVT) + qmu
         s2 = tl.where(valid[None, :], s2, float("-inf"))
         tl.store(scores_ptr + out_rows[:, None] * width + p[None, :], s2 * LN2, mask=valid[None, :])
 
         bm = tl.maximum(run_m, tl.max(s2, 1))
         if TERMS == 2:
-            # A candidate's mass replaces its centroid estimate, which the centroid launch's
-            # partials counted: these partials sum the differences (>= 0 up to rounding).
-            grow = tl.exp2(s2 - bm[:, None]) - tl.exp2(cent - bm[:, None])
-            grow = tl.where(valid[None, :], tl.maximum(grow, 0.0), 0.0)
+            # A candidate's mass replaces its estimate, which the estimate launch's partials counted:
+            # these partials sum the differences (of either sign; each head's total stays positive).
+            page = tl.load(cand_pages + p, mask=valid, other=0)
+            est = tl.load(est_ptr + out_rows[:, None] * max_pages + page[None, :], mask=valid[None, :],
+                          other=float("-inf")) * _LOG2E
+            grow = tl.where(valid[None, :], tl.exp2(s2 - bm[:, None]) - tl.exp2(est - bm[:, None]), 0.0)
         else:
             grow = tl.exp2(s2 - bm[:, None])
         run_s = run_s * tl.exp2(run_m - bm) + tl.sum(grow, 1)
@@ -413,28 +418,27 @@ def _shared_memory_per_block(device: torch.device) -> int:
     return getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block)
 
 
-def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, shared_memory: int,
-                    centroid_only: bool = False) -> int:
-    """num_stages, cut where the summaries of num_stages - 1 blocks in flight would overflow
-    shared_memory bytes per block (float summaries at rank > 8: 152 KiB per block at fp32)."""
+def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, shared_memory: int) -> int:
+    """num_stages, cut where the summaries (centroid and rank_p ranks) of num_stages - 1 blocks in
+    flight would overflow shared_memory bytes per block (float summaries at rank > 8: 152 KiB per
+    block at fp32)."""
     s = summaries
     per_page = s.mu.shape[-1] * s.mu.element_size()
-    if not centroid_only:
-        per_page += rank_p * (s.basis.shape[-1] * s.basis.element_size() + s.coef.shape[-1] * s.coef.element_size())
+    per_page += rank_p * (s.basis.shape[-1] * s.basis.element_size() + s.coef.shape[-1] * s.coef.element_size())
     per_block = block_pages * per_page
     return max(1, min(num_stages, 1 + (shared_memory - _SCRATCH_BYTES) // per_block))
 
 
-# Pages per block of a centroid-only launch: its pages cost 132 bytes each, not 804, so a block
-# of 16 would leave the loop's overhead per page dominant.
-CENTROID_BLOCK_PAGES = 64
-_CENTROID_LAUNCH = (4, 3, 0)
+# Pages per block of an estimate launch: its pages cost 132 (centroid) to 300 (rank 2) bytes
+# each, not 804, so a block of 16 would leave the loop's overhead per page dominant.
+ESTIMATE_BLOCK_PAGES = 64
+_ESTIMATE_LAUNCH = (4, 3, 0)
 
 
 def score_launch(group: int, integer_dots: bool, terms: str) -> tuple:
     """(block_pages, num_warps, num_stages, maxnreg) of the score kernel for a launch of terms."""
-    if terms == "centroid":
-        return (CENTROID_BLOCK_PAGES,) + _CENTROID_LAUNCH
+    if terms == "estimate":
+        return (ESTIMATE_BLOCK_PAGES,) + _ESTIMATE_LAUNCH
     return (BLOCK_PAGES,) + default_launch(group, integer_dots)
 
 
@@ -447,7 +451,8 @@ def score_chunks(rows: int, items: int, device: torch.device, block_pages: int, 
 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
                        block_pages=None, num_warps=None, num_stages=None, chunk_pages=None,
-                       int_conversion="int8", maxnreg=None, terms="full", candidates=None, out=None):
+                       int_conversion="int8", maxnreg=None, terms="full", estimate_rank=0, candidates=None,
+                       estimates=None, out=None):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
@@ -464,15 +469,16 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     request's sealed pages are not written, aggregate_scores masks them) and
     per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).
 
-    terms: "full" scores every sealed page; "centroid" every sealed page by
-    q . mu + log 16 alone; "candidates" scores in full each (request, KV head)
-    row's first min(n_sealed, M) candidates of candidates [2, >= B * H_kv, M]
+    terms: "full" scores every sealed page; "estimate" every sealed page from
+    the centroid and the first estimate_rank ranks of its summary (0: q . mu
+    + log 16); "candidates" scores in full each (request, KV head) row's
+    first min(n_sealed, M) candidates of candidates [2, >= B * H_kv, M]
     (candidate_pages_triton's logical pages and first slots), scores
     [B, Hq, M] in candidate order, and its partials sum, per chunk, each
-    candidate's mass less its centroid estimate: with a centroid launch's
-    partials they make each head's total. out: (scores, part_max, part_sum,
-    first) to write into, this launch's partials at chunks [first, first +
-    n_chunks) of part_max's last dimension.
+    candidate's mass less its estimate in estimates (an estimate launch's
+    scores): with that launch's partials they make each head's total. out:
+    (scores, part_max, part_sum, first) to write into, this launch's
+    partials at chunks [first, first + n_chunks) of part_max's last dimension.
     """
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
@@ -481,12 +487,15 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         raise ValueError(f"query heads per KV head must be a power of two <= 16, got {group}")
     if terms not in TERMS:
         raise ValueError(f"terms must be one of {sorted(TERMS)}, got {terms!r}")
-    if (terms == "candidates") != (candidates is not None):
-        raise ValueError("candidates [2, B * H_kv, M] are given exactly when terms='candidates'")
+    if (terms == "candidates") != (candidates is not None) or (candidates is None) != (estimates is None):
+        raise ValueError("candidates [2, B * H_kv, M] and estimates are given exactly when terms='candidates'")
+    if not 0 <= estimate_rank <= rank:
+        raise ValueError(f"estimate_rank must be in [0, rank={rank}], got {estimate_rank}")
+    used = estimate_rank if terms == "estimate" else rank
     if candidates is not None and (candidates.dim() != 3 or candidates.shape[0] != 2 or not candidates.is_contiguous()
                                    or candidates.shape[1] < bsz * hkv):
         raise ValueError(f"candidates must be a contiguous [2, >= {bsz * hkv}, M] tensor, got {tuple(candidates.shape)}")
-    rank_p = triton.next_power_of_2(rank)
+    rank_p = triton.next_power_of_2(max(used, 1))
     if int_conversion not in CONVERSIONS:
         raise ValueError(f"int_conversion must be one of {sorted(CONVERSIONS)}, got {int_conversion!r}")
     # int8: the basis and centroids meet two int8 planes of q on integer tensor cores (quantised summaries only).
@@ -509,6 +518,8 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         scores, part_max, part_sum, first = out
         if scores.shape != (bsz, hq, n_cand):
             raise ValueError(f"scores must be [{bsz}, {hq}, {n_cand}], got {tuple(scores.shape)}")
+    if estimates is not None and estimates.shape != (bsz, hq, max_pages):
+        raise ValueError(f"estimates must be [{bsz}, {hq}, {max_pages}], got {tuple(estimates.shape)}")
         if first + n_chunks > part_max.shape[-1]:
             raise ValueError(f"chunks [{first}, {first + n_chunks}) exceed the partials' {part_max.shape[-1]}")
     if q.stride(2) != 1:
@@ -517,23 +528,25 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         q, q.stride(0), q.stride(1),
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
-        seq_lens if candidates is None else candidates[1], n_cand,
+        *((seq_lens, seq_lens) if candidates is None else (candidates[0], candidates[1])), n_cand,
+        scores if estimates is None else estimates,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, G=group, D=d, R=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
+        HKV=hkv, G=group, D=d, R=used, RS=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
         IDOT=idot, GP=max(16, 2 * group) if idot else 16, TERMS=TERMS[terms],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
-        num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p, num_stages,
-                                                          _shared_memory_per_block(q.device), terms == "centroid"),
+        num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p if used else 0, num_stages,
+                                                          _shared_memory_per_block(q.device)),
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return scores, part_max, part_sum
 
 
-def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, terms="full"):
+def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, terms="full",
+                      estimate_rank=0):
     """Reference in the dtype of q (use float64 q for a float64 reference) of the "full" and
-    "centroid" launches. Returns scores only."""
+    "estimate" launches. Returns scores only."""
     bsz, hq, d = q.shape
     hkv = summaries.num_kv_heads
     group = hq // hkv
@@ -546,11 +559,12 @@ def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
     mu, basis, coef = (t.to(q.dtype) for t in summaries.dequantize(page_ids))  # [B, P, H, ...]
     qg = q.view(bsz, hkv, group, d)
     qmu = torch.einsum("bhgd,bphd->bhgp", qg, mu)
-    if terms == "centroid":
+    ranks = estimate_rank if terms == "estimate" else basis.shape[-2]
+    if ranks == 0:
         s = qmu * sm_scale + math.log(16)  # as if the page's 16 keys sat on its centroid
     else:
-        proj = torch.einsum("bhgd,bphrd->bhgpr", qg, basis)
-        local = torch.einsum("bhgpr,bphir->bhgpi", proj, coef)
+        proj = torch.einsum("bhgd,bphrd->bhgpr", qg, basis[..., :ranks, :])
+        local = torch.einsum("bhgpr,bphir->bhgpi", proj, coef[..., :ranks])
         s = torch.logsumexp((qmu[..., None] + local) * sm_scale, -1)
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     return s.reshape(bsz, hq, max_pages)

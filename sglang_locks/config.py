@@ -22,10 +22,11 @@ class LocksConfig:
     min_context tokens (where the caller supports it: the SGLang plugin does).
 
     prefilter: with P > 0, each decode step first scores every sealed page by
-    its centroid alone (q . mu + log 16: 132 of a page's 804 summary bytes),
+    an estimate from its centroid and first prefilter_rank ranks (300 of a
+    page's 804 summary bytes at rank 2; rank 0: q . mu + log 16 alone, 132),
     keeps the prefilter * budget_pages best of each (request, KV head) and
-    scores only those with the whole summary; the others keep their centroid
-    score. 0 scores every page in full (the seed's LOCKS).
+    selects among those, scored with the whole summary. 0 scores every page
+    in full (the seed's LOCKS).
     """
 
     page_size: int = PAGE_SIZE
@@ -39,6 +40,7 @@ class LocksConfig:
     min_context: int = 0
     min_step_tokens: Optional[int] = None
     prefilter: int = 8
+    prefilter_rank: int = 2
 
     def __post_init__(self) -> None:
         if self.page_size != PAGE_SIZE:
@@ -70,6 +72,8 @@ class LocksConfig:
             raise ValueError(f"min_step_tokens must be >= 0 tokens (0: never dense), got {self.min_step_tokens}")
         if self.prefilter < 0:
             raise ValueError(f"prefilter must be >= 0 (candidate pages per budget page; 0: off), got {self.prefilter}")
+        if not 0 <= self.prefilter_rank <= self.rank:
+            raise ValueError(f"prefilter_rank must be in [0, rank={self.rank}], got {self.prefilter_rank}")
         if self.gqa_aggregation not in GQA_AGGREGATIONS:
             raise ValueError(
                 f"gqa_aggregation must be one of {GQA_AGGREGATIONS}, got {self.gqa_aggregation!r}"

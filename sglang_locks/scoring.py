@@ -1,11 +1,11 @@
 """LOCKS page scores as a decode step ranks them: every sealed page in full, or prefiltered.
 
 With config.prefilter = F > 0 (and score buffers wider than M = F *
-budget_pages pages), a step scores every sealed page by its centroid alone
-(q . mu + log 16, a lower bound of its full score), keeps the M best of each
+budget_pages pages), a step scores every sealed page by an estimate from its
+centroid and first config.prefilter_rank ranks, keeps the M best of each
 (request, KV head) as candidates, scores those in full and selects among them.
 Each query head's total mass, which normalises the GQA aggregation, counts the
-candidates' full scores and the other pages' centroid estimates.
+candidates' full scores and the other pages' estimates.
 locks_scores_triton runs the kernels; locks_aggregate_torch is the reference
 of what the selection ranks.
 """
@@ -17,7 +17,7 @@ import torch
 from .config import LocksConfig
 from .kernels._triton import triton_usable
 from .kernels.aggregate_scores import aggregate_scores_torch, aggregate_scores_triton
-from .kernels.score_pages import BLOCK_PAGES, CENTROID_BLOCK_PAGES, score_chunks, score_pages_torch, score_pages_triton
+from .kernels.score_pages import BLOCK_PAGES, ESTIMATE_BLOCK_PAGES, score_chunks, score_pages_torch, score_pages_triton
 from .kernels.selected_indices import SelectionState, candidate_pages_triton
 from .selection import select_pages
 from .summaries import PageSummaries
@@ -41,7 +41,7 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
 
     Without the prefilter: score_pages_triton's scores [B, Hq, max_pages] and
     partials, candidates None. Prefiltered: the candidates' full scores
-    [B, Hq, M] in candidate order, the partials of the centroid and candidate
+    [B, Hq, M] in candidate order, the partials of the estimate and candidate
     launches side by side, and the candidate list (candidates, a
     candidate_buffer of >= B * H_kv rows; allocated when None). state: the
     candidate selection's. score_options: launch options of the full (or
@@ -56,18 +56,18 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
     rows, m = bsz * hkv, config.candidate_pages
     if candidates is None:
         candidates = candidate_buffer(rows, config, q.device)
-    n_centroid = score_chunks(rows, max_pages, q.device, CENTROID_BLOCK_PAGES)[1]
+    n_estimate = score_chunks(rows, max_pages, q.device, ESTIMATE_BLOCK_PAGES)[1]
     n_full = score_chunks(rows, m, q.device, opts.get("block_pages") or BLOCK_PAGES, opts.get("chunk_pages"))[1]
-    centroid = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
-    part_max = torch.empty(bsz, hq, n_centroid + n_full, dtype=torch.float32, device=q.device)
+    estimates = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
+    part_max = torch.empty(bsz, hq, n_estimate + n_full, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
-    score_pages_triton(*args, int_conversion=opts.get("int_conversion", "int8"), terms="centroid",
-                       out=(centroid, part_max, part_sum, 0))
-    candidate_pages_triton(centroid, part_max, part_sum, n_centroid, req_to_token, req_pool_indices, seq_lens,
+    score_pages_triton(*args, int_conversion=opts.get("int_conversion", "int8"), terms="estimate",
+                       estimate_rank=config.prefilter_rank, out=(estimates, part_max, part_sum, 0))
+    candidate_pages_triton(estimates, part_max, part_sum, n_estimate, req_to_token, req_pool_indices, seq_lens,
                            candidates, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation, state)
     scores = torch.empty(bsz, hq, m, dtype=torch.float32, device=q.device)
-    score_pages_triton(*args, terms="candidates", candidates=candidates, out=(scores, part_max, part_sum, n_centroid),
-                       **opts)
+    score_pages_triton(*args, terms="candidates", candidates=candidates, estimates=estimates,
+                       out=(scores, part_max, part_sum, n_estimate), **opts)
     return scores, part_max, part_sum, candidates
 
 
@@ -82,13 +82,14 @@ def locks_aggregate_torch(q, summaries, req_to_token, req_pool_indices, seq_lens
     full = score_pages_torch(*args)
     if not prefiltered(config, max_pages):
         return aggregate_scores_torch(full, seq_lens, hkv, *forced)
-    centroid = score_pages_torch(*args, terms="centroid")
+    estimates = score_pages_torch(*args, terms="estimate", estimate_rank=config.prefilter_rank)
     bsz, hq, _ = q.shape
     keep = torch.zeros(bsz * hkv, max_pages, dtype=torch.bool, device=q.device)
-    keep.scatter_(1, select_pages(aggregate_scores_torch(centroid, seq_lens, hkv, *forced), config.candidate_pages), True)
+    keep.scatter_(1, select_pages(aggregate_scores_torch(estimates, seq_lens, hkv, *forced), config.candidate_pages),
+                  True)
     keep = keep.view(bsz, hkv, max_pages)
     per_head = keep[:, :, None].expand(bsz, hkv, hq // hkv, max_pages).reshape(bsz, hq, max_pages)
-    agg = aggregate_scores_torch(torch.where(per_head, full, centroid), seq_lens, hkv, *forced)
+    agg = aggregate_scores_torch(torch.where(per_head, full, estimates), seq_lens, hkv, *forced)
     return torch.where(keep, agg, torch.full_like(agg, float("-inf")))
 
 

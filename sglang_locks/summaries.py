@@ -226,6 +226,11 @@ class PageSummaries:
             for t in (self.mu, self.mu_scale, self.basis, self.coef, self.coef_scale)
         )
 
+    def estimate_bytes_per_page_per_head(self, ranks: int) -> int:
+        """What an estimate from the centroid and the first ranks ranks reads (the prefilter)."""
+        per_rank = sum(t[0, 0].numel() * t.element_size() for t in (self.basis, self.coef, self.coef_scale)) // self.rank
+        return sum(t[0, 0].numel() * t.element_size() for t in (self.mu, self.mu_scale)) + ranks * per_rank
+
     def write(self, page_ids: torch.Tensor, keys: torch.Tensor) -> None:
         """Summarise keys [n, 16, H_kv, d] (token-major, as cached) into pages page_ids [n]."""
         step = max(1, _SOLVER_BATCH // keys.shape[2])

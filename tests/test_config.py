@@ -26,6 +26,8 @@ def test_defaults_valid():
         (dict(gqa_aggregation="mean"), "gqa_aggregation"),
         (dict(min_step_tokens=-1), "min_step_tokens"),
         (dict(prefilter=-1), "prefilter"),
+        (dict(prefilter_rank=9), "prefilter_rank"),
+        (dict(rank=4, prefilter_rank=5), "prefilter_rank"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, field):

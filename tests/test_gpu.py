@@ -112,8 +112,8 @@ def selected_indices_reference(q, c, cfg):
     agg = locks_aggregate_torch(*args, cfg)
     centroid_agg = None
     if prefiltered(cfg, max_pages):
-        centroid_agg = aggregate_scores_torch(score_pages_torch(*args, terms="centroid"), c["seq_lens"], hkv,
-                                              cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
+        centroid_agg = aggregate_scores_torch(score_pages_torch(*args, terms="estimate", estimate_rank=cfg.prefilter_rank),
+                                              c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
     sel = select_pages(agg, cfg.budget_pages)
     indptr, indices = selected_indices_torch(sel.cpu(), c["req_to_token"].cpu(), c["req_pool_indices"].cpu(),
                                              c["seq_lens"].cpu(), hkv, cfg.budget_pages)

@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, {benchmarks!r})
 import score_sass
 module = score_sass.load_module(None)
-for terms in ("full", "candidates", "centroid"):
+for terms in ("full", "candidates", "estimate"):
     kernel = score_sass.compile_score_kernel(module, {group}, {kv_heads}, {conversion!r}, terms=terms,
                                              block_pages=module.score_launch({group}, True, terms)[0])
     ptx, cubin = kernel.asm["ptx"], kernel.asm["cubin"]
@@ -32,13 +32,12 @@ def test_score_kernel_builds_for_sm90(group, kv_heads, conversion):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     launches = [line.split() for line in out.stdout.splitlines()]
-    assert len(launches) == 3  # full, candidates, centroid
-    for terms, (sfu_log2, int4_to_int8, int4_to_f16, built) in zip(("full", "candidates", "centroid"), launches):
+    assert len(launches) == 3  # full, candidates, a rank-2 estimate
+    for sfu_log2, int4_to_int8, int4_to_f16, built in launches:
         assert built == "True"
-        full = terms != "centroid"  # the centroid launch reads no basis and takes no log
-        assert sfu_log2 == str(full)  # log2 on the SFU, not libdevice
-        assert int4_to_int8 == str(full and conversion == "int8")  # the nibble shift in PTX on the int8 path only
-        assert int4_to_f16 == str(full and conversion == "ptx")  # the magic-number conversion on the ptx path only
+        assert sfu_log2 == "True"  # log2 on the SFU, not libdevice
+        assert int4_to_int8 == str(conversion == "int8")  # the nibble shift in PTX on the int8 path only
+        assert int4_to_f16 == str(conversion == "ptx")  # the magic-number conversion on the ptx path only
 
 
 SELECT_BUILD = """

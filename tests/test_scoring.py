@@ -164,19 +164,22 @@ def _lse_of_partials(part_max, part_sum):
 
 @pytest.mark.parametrize("seq_lens, hkv, group", CASES)
 @pytest.mark.parametrize("precision", ["int8-int4-int8", "fp32"])
-def test_centroid_launch_matches_reference(seq_lens, hkv, group, precision, device):
+@pytest.mark.parametrize("ranks", [0, 1, 2])
+def test_estimate_launch_matches_reference(seq_lens, hkv, group, precision, ranks, device):
     c = random_cache(seq_lens, hkv, 128, precision, device=device, seed=group)
     q = torch.randn(len(seq_lens), hkv * group, 128, device=device).bfloat16()
     max_pages = max(seq_lens) // 16 + 3
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
-    scores, part_max, part_sum = score_pages_triton(q, *args, terms="centroid", chunk_pages=64)
-    ref = score_pages_torch(q.double(), *args, terms="centroid")
+    scores, part_max, part_sum = score_pages_triton(q, *args, terms="estimate", estimate_rank=ranks, chunk_pages=64)
+    ref = score_pages_torch(q.double(), *args, terms="estimate", estimate_rank=ranks)
     finite = torch.isfinite(ref)
     tol = 2e-2 if precision != "int8-int4-int8" else 1e-3
     assert torch.allclose(scores[finite].double(), ref[finite], atol=tol, rtol=tol)
-    # Jensen: a page's centroid estimate never exceeds its full score (centred coefficients).
     full = score_pages_torch(q.double(), *args)
-    assert (ref[finite] <= full[finite] + 1e-9).all()
+    if ranks == 0:  # Jensen: a page's centroid estimate never exceeds its full score (centred coefficients)
+        assert (ref[finite] <= full[finite] + 1e-9).all()
+    else:
+        assert not torch.allclose(ref[finite], full[finite], atol=1e-3)  # fewer ranks: another score
     lse, lse_ref = _lse_of_partials(part_max, part_sum), torch.logsumexp(ref, -1)
     assert torch.equal(torch.isfinite(lse), torch.isfinite(lse_ref))
     fin = torch.isfinite(lse_ref)
@@ -184,12 +187,13 @@ def test_centroid_launch_matches_reference(seq_lens, hkv, group, precision, devi
 
 
 @pytest.mark.parametrize("seq_lens, hkv, group", CASES)
-def test_prefilter_scores_its_candidates_in_full(seq_lens, hkv, group, device):
+@pytest.mark.parametrize("ranks", [0, 2])
+def test_prefilter_scores_its_candidates_in_full(seq_lens, hkv, group, ranks, device):
     """Candidates: each row's top M pages by the centroid estimate (forced pages first, every page when
     they fit), in page order with their first slots; their full scores come out in candidate order,
     and the partials of both launches merge into each head's total over the candidates' full scores
     and the other pages' estimates."""
-    cfg = LocksConfig(token_budget=48, sink_pages=1, local_pages=1, prefilter=3)  # M = 9 pages
+    cfg = LocksConfig(token_budget=48, sink_pages=1, local_pages=1, prefilter=3, prefilter_rank=ranks)  # M = 9 pages
     c = random_cache(seq_lens, hkv, 128, device=device, seed=5 + group)
     bsz = len(seq_lens)
     rows, m = bsz * hkv, cfg.candidate_pages
@@ -202,13 +206,13 @@ def test_prefilter_scores_its_candidates_in_full(seq_lens, hkv, group, device):
     assert got_cand is cand and scores.shape == (bsz, hkv * group, m)
     assert not state.hist.any() and not state.arrived.any()
     assert (cand[:, rows:] == -1).all()
-    # The candidate selection's own input: the centroid launch's scores and partials.
-    centroid, c_max, c_sum = score_pages_triton(q, *args, terms="centroid")
-    agg = aggregate_scores_triton(centroid, c_max, c_sum, c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, "mass")
+    # The candidate selection's own input: the estimate launch's scores and partials.
+    estimates, c_max, c_sum = score_pages_triton(q, *args, terms="estimate", estimate_rank=ranks)
+    agg = aggregate_scores_triton(estimates, c_max, c_sum, c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, "mass")
     flat = agg.view(rows, -1).cpu()
     want = select_pages_by_key_torch(flat.view(bsz, hkv, -1), key_offset_torch(c_max.cpu(), c_sum.cpu(), hkv, "mass"), m)
     full_ref = score_pages_torch(q.double(), *args)
-    cent_ref = score_pages_torch(q.double(), *args, terms="centroid")
+    cent_ref = score_pages_torch(q.double(), *args, terms="estimate", estimate_rank=ranks)
     keep = torch.zeros(rows, max_pages, dtype=torch.bool)
     for row in range(rows):
         b, h = divmod(row, hkv)
@@ -238,8 +242,8 @@ def test_prefilter_scores_its_candidates_in_full(seq_lens, hkv, group, device):
     assert torch.allclose(lse[fin], lse_ref[fin], atol=1e-3, rtol=1e-3)
 
 
-def test_prefilter_reference_ranks_only_the_best_pages_by_centroid(device):
-    """locks_aggregate_torch: with the prefilter, each row ranks its top candidate_pages pages by centroid
+def test_prefilter_reference_ranks_only_the_best_pages_by_estimate(device):
+    """locks_aggregate_torch: with the prefilter, each row ranks its top candidate_pages pages by their
     estimate (the rest -inf); without it, or when every page fits, all sealed pages."""
     seq_lens, hkv, group = [16 * 60 + 3, 16 * 7], 2, 4
     c = random_cache(seq_lens, hkv, 128, device=device, seed=9)
@@ -249,7 +253,8 @@ def test_prefilter_reference_ranks_only_the_best_pages_by_centroid(device):
     assert torch.equal(locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=0)), exact)
     assert torch.equal(locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=20)), exact)  # 60 <= 60
     got = locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=3))
-    cent = aggregate_scores_torch(score_pages_torch(q, *args, terms="centroid"), c["seq_lens"], hkv, 1, 1, "mass")
+    cent = aggregate_scores_torch(score_pages_torch(q, *args, terms="estimate", estimate_rank=2), c["seq_lens"], hkv,
+                                  1, 1, "mass")
     for b, n in enumerate((c["seq_lens"] // 16).tolist()):
         for h in range(hkv):
             ranked = got[b, h, :n] > float("-inf")

@@ -31,6 +31,7 @@ FLAGS = {
     "min_step_tokens": "--locks-min-step-tokens",
     "summary_precision": "--locks-summary-precision",
     "prefilter": "--locks-prefilter",
+    "prefilter_rank": "--locks-prefilter-rank",
 }
 # SGLang: the KV cache must hold what the summaries and FlashInfer sparse decode read as is.
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
@@ -64,6 +65,8 @@ def add_locks_args(_result, parser: argparse.ArgumentParser) -> None:
     g.add_argument("--locks-prefilter", type=int, default=_DEFAULTS.prefilter,
                    help="Score every page by its centroid first and only the best PREFILTER x budget pages of each "
                         "request and KV head in full (0: every page in full).")
+    g.add_argument("--locks-prefilter-rank", type=int, default=_DEFAULTS.prefilter_rank,
+                   help="Ranks of each page's summary in the prefilter's estimate, 0..--locks-rank (0: centroid only).")
     g.add_argument("--locks-summary-precision", choices=SUMMARY_PRECISIONS, default=_DEFAULTS.summary_precision,
                    help="Storage of the page summaries.")
 
@@ -83,7 +86,8 @@ def locks_config_from_args(ns: argparse.Namespace) -> Optional[LocksConfig]:
         config = LocksConfig(rank=ns.locks_rank, token_budget=ns.locks_token_budget, sink_pages=ns.locks_sink_pages,
                              local_pages=ns.locks_local_pages, dense_layers=tuple(ns.locks_dense_layers),
                              summary_precision=ns.locks_summary_precision, min_context=min_context,
-                             min_step_tokens=ns.locks_min_step_tokens, prefilter=ns.locks_prefilter)
+                             min_step_tokens=ns.locks_min_step_tokens, prefilter=ns.locks_prefilter,
+                             prefilter_rank=ns.locks_prefilter_rank)
     except ValueError as e:
         raise _flag_error(str(e)) from None
     if config.local_pages < 1:
