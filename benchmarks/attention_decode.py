@@ -121,7 +121,8 @@ def fastest_score_options(sweep_json: str) -> dict:
     return {shape: {k: r[k] for k in keys if k in r} for shape, r in best.items()}
 
 
-def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score_options=None, prefilters=(0,)):
+def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score_options=None, prefilters=(0,),
+               prefilter_rank=0):
     """One row per prefilter setting, all against the same dense measurement."""
     layers, hkv, hq, d = SHAPES[shape]
     slots = bsz * context + 16  # page 0 stays unused, as in SGLang
@@ -172,7 +173,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
     selected_tokens = int(selected_lengths(seq_lens_cpu, hkv, base.budget_pages).sum())
     rows = []
     for prefilter in prefilters:
-        cfg = dataclasses.replace(base, prefilter=prefilter)
+        cfg = dataclasses.replace(base, prefilter=prefilter, prefilter_rank=prefilter_rank)
         dec = LocksDecode(cfg, workspace, hq, hkv, d, bsz, use_cuda_graph=True, score_options=score_options)
         dec.plan(seq_lens_cpu, torch.bfloat16, torch.bfloat16, sm_scale)
         forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
@@ -219,6 +220,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
         bytes_locks = summary_bytes + page_id_bytes + selected_kv_bytes + index_bytes
         rows.append({
             "shape": shape, "batch": bsz, "context": context, "budget": budget, "prefilter": prefilter,
+            "prefilter_rank": prefilter_rank,
             "dense_ms": dense_ms, "dense_ms_by_kernel": dense, "locks_ms": locks_ms, "speedup": dense_ms / locks_ms,
             "score_ms": score_ms, "select_ms": select_ms, "attend_ms": attend_ms, "prefilter_split_ms": prefilter_ms,
             "score_gbs": (summary_bytes + page_id_bytes) / score_ms / 1e6,
@@ -269,8 +271,10 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--contexts", default="32768,131072,262144,1048576")
     ap.add_argument("--budget", type=int, default=2048)
-    ap.add_argument("--prefilters", default=f"0,{LocksConfig().prefilter}",
+    ap.add_argument("--prefilters", default="0,8",
                     help="LOCKS rows per case: each --locks-prefilter value (0: every page scored in full)")
+    ap.add_argument("--prefilter-rank", type=int, default=LocksConfig().prefilter_rank,
+                    help="--locks-prefilter-rank of the prefiltered rows")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--kv-cap-gib", type=float, default=64)
     ap.add_argument("--summary-cap-gib", type=float, default=24)
@@ -300,7 +304,7 @@ def main():
                     skipped.append(case)
                     continue
                 case_rows = bench_case(shape, bsz, ctx, args.budget, args.reps, args.kv_cap_gib, args.summary_cap_gib,
-                                       score_options.get(shape), prefilters)
+                                       score_options.get(shape), prefilters, args.prefilter_rank)
                 torch.cuda.empty_cache()  # the case's buffers, freed on return
                 if not case_rows:
                     skipped.append(case)

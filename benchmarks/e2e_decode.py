@@ -54,18 +54,18 @@ HEADROOM = 1024  # --context-length beyond the longest context: the decoded toke
 LOAD_PLUGINS_THEN = "from sglang.srt.plugins import load_plugins; load_plugins(); import runpy; runpy.run_module({!r}, run_name='__main__')"
 
 
-def sglang_flags(shape: str, mode: str, batch: int, max_context: int, budget: int) -> list:
+def sglang_flags(shape: str, mode: str, batch: int, max_context: int, budget: int, locks_args: tuple = ()) -> list:
     flags = ["--model-path", os.path.join(KIT, MODELS[shape]), "--load-format", "dummy",
              "--context-length", str(max_context + HEADROOM), "--mem-fraction-static", "0.8",
              "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", str(batch)]
     if mode == "locks":
-        return flags + ["--enable-locks", "--locks-token-budget", str(budget)]
+        return flags + ["--enable-locks", "--locks-token-budget", str(budget), *locks_args]
     return flags + ["--attention-backend", "flashinfer", "--page-size", "16"]
 
 
 def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget: int, result: str,
-            profile_dir: str = None) -> list:
-    flags = sglang_flags(shape, mode, batch, max(contexts), budget)
+            profile_dir: str = None, locks_args: tuple = ()) -> list:
+    flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args)
     if tool == "bench_one_batch":
         return [sys.executable, "-c", LOAD_PLUGINS_THEN.format("sglang.bench_one_batch"), *flags,
                 "--batch-size", str(batch), "--input-len", *map(str, contexts), "--output-len", str(OUTPUT_LEN),
@@ -142,7 +142,7 @@ def run_plan(args, save=lambda rows: None) -> list:
                 result = f.name
             os.unlink(result)
             cmd = command(tool, shape, mode, batch, contexts, args.budget, result,
-                          args.log_dir if args.profile else None)
+                          args.log_dir if args.profile else None, tuple(args.locks_args.split()))
             print("e2e_decode:", " ".join(cmd), flush=True)
             if args.dry_run:
                 times[mode] = {}
@@ -160,7 +160,8 @@ def run_plan(args, save=lambda rows: None) -> list:
                 errors[mode] = f"exit {proc.returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}"
             print(f"e2e_decode: {tool} {shape} bs={batch} {mode}: {times[mode]} ({time.time() - t0:.0f} s)",
                   flush=True)
-        rows += merge_rows(tool, shape, batch, contexts, args.budget, times["fullkv"], times["locks"], errors)
+        case_rows = merge_rows(tool, shape, batch, contexts, args.budget, times["fullkv"], times["locks"], errors)
+        rows += [dict(r, locks_args=args.locks_args) for r in case_rows]
         save(rows)
     return rows
 
@@ -276,6 +277,7 @@ def main(argv=None) -> int:
                    "(repeatable, each case its own server processes; contexts: a comma-separated subset of the "
                    "plan's; default: the whole plan, ~20 min)")
     p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--locks-args", default="", help="more --locks-* flags for the LOCKS runs, e.g. '--locks-prefilter 8'")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per SGLang process")
     p.add_argument("--log-dir", help="keep each SGLang process's log here")
     p.add_argument("--dry-run", action="store_true", help="print the commands, write the JSON without results")

@@ -22,11 +22,12 @@ class LocksConfig:
     min_context tokens (where the caller supports it: the SGLang plugin does).
 
     prefilter: with P > 0, each decode step first scores every sealed page by
-    an estimate from its centroid and first prefilter_rank ranks (300 of a
-    page's 804 summary bytes at rank 2; rank 0: q . mu + log 16 alone, 132),
-    keeps the prefilter * budget_pages best of each (request, KV head) and
-    selects among those, scored with the whole summary. 0 scores every page
-    in full (the seed's LOCKS).
+    an estimate from its centroid and first prefilter_rank ranks (rank 0:
+    q . mu + log 16 alone, 132 of a page's 804 summary bytes), keeps the
+    prefilter * budget_pages best of each (request, KV head) and selects among
+    those, scored with the whole summary. 0 (the default) scores every page in
+    full, the seed's LOCKS: the prefilter trades recall for speed
+    (benchmarks/results/README.md has both measured).
     """
 
     page_size: int = PAGE_SIZE
@@ -39,8 +40,8 @@ class LocksConfig:
     gqa_aggregation: str = "mass"
     min_context: int = 0
     min_step_tokens: Optional[int] = None
-    prefilter: int = 8
-    prefilter_rank: int = 2
+    prefilter: int = 0
+    prefilter_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.page_size != PAGE_SIZE:

@@ -6,8 +6,8 @@ from sglang_locks.config import LocksConfig
 def test_defaults_valid():
     c = LocksConfig()
     assert (c.page_size, c.rank, c.token_budget, c.budget_pages) == (16, 8, 2048, 128)
-    assert (c.prefilter, c.candidate_pages) == (8, 1024)
-    assert LocksConfig(prefilter=0).candidate_pages == 0
+    assert (c.prefilter, c.prefilter_rank, c.candidate_pages) == (0, 0, 0)  # every page scored in full
+    assert LocksConfig(prefilter=8).candidate_pages == 1024
     assert c.quantized
 
 

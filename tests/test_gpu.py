@@ -137,7 +137,7 @@ def test_budget_covering_context_equals_dense(seq_lens, hkv, group):
 def test_cuda_graph_replay_follows_new_inputs():
     seq_lens, hkv, group = [16 * 400 + 3, 16 * 90], 8, 4
     c = random_cache(seq_lens, hkv, 128, device="cuda", seed=2)
-    cfg = LocksConfig(token_budget=512)
+    cfg = LocksConfig(token_budget=512, prefilter=8)  # the prefilter's launches in the graph too: 256 of 400 pages
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
     dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
     q = torch.randn(2, hkv * group, 128, device="cuda", dtype=torch.bfloat16)

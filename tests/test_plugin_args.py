@@ -35,7 +35,7 @@ def test_defaults():
     assert (cfg.token_budget, cfg.rank, cfg.sink_pages, cfg.local_pages, cfg.dense_layers, cfg.min_context) == (
         2048, 8, 1, 1, (), 2048)
     assert cfg.min_step_tokens is None  # the backend's default for the model (graph_variants)
-    assert (cfg.prefilter, cfg.prefilter_rank) == (8, 2)
+    assert (cfg.prefilter, cfg.prefilter_rank) == (0, 0)
 
 
 def test_without_enable_locks_server_args_are_stock():

@@ -252,7 +252,7 @@ def test_prefilter_reference_ranks_only_the_best_pages_by_estimate(device):
     exact = aggregate_scores_torch(score_pages_torch(q, *args), c["seq_lens"], hkv, 1, 1, "mass")
     assert torch.equal(locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=0)), exact)
     assert torch.equal(locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=20)), exact)  # 60 <= 60
-    got = locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=3))
+    got = locks_aggregate_torch(q, *args, LocksConfig(token_budget=48, prefilter=3, prefilter_rank=2))
     cent = aggregate_scores_torch(score_pages_torch(q, *args, terms="estimate", estimate_rank=2), c["seq_lens"], hkv,
                                   1, 1, "mass")
     for b, n in enumerate((c["seq_lens"] // 16).tolist()):
