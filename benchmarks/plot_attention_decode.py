@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main(path="benchmarks/results/attention_decode.json", out="benchmarks/results/attention_decode.png"):
     d = json.load(open(path))
     rows = d["rows"]
-    labels = [f"{r['shape'].split('-')[0]}\nbs{r['batch']} {r['context'] // 1024}K" for r in rows]
+    labels = [f"{r['shape'].split('-')[0]}\nbs{r['batch']} {r['context'] // 1024}K"
+              + (f"\nprefilter {r['prefilter']}" if r.get("prefilter") else "") for r in rows]
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
     w = 0.27
