@@ -29,6 +29,13 @@ counter for the next launch. Triton's interpreter (CPU CI) runs programs one
 after the other, so there the phases are two launches. (A second, low-byte
 pass over 16-bit keys measured 3.3 us of the old 11.9 us launch at Llama
 128K: one step of 1/16 nat loses no recall that an estimate can resolve.)
+
+The prefilter (scoring.locks_scores_triton) runs the same kernel twice:
+candidate_pages_triton selects each row's candidates from the estimate
+scores and writes them as a list (logical pages and first slots, page order);
+selected_indices_triton with that list selects among the candidates, whose
+scores come in candidate order, forcing sink and local pages by their logical
+page.
 """
 
 from __future__ import annotations
