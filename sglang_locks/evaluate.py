@@ -9,7 +9,9 @@ optionally ``values`` [N, H_kv, d]. For every selector and budget it reports
 the mean attention-mass recall (the share of each query head's exact attention
 that falls on the tokens its KV head selected: sink, local and chosen pages and
 the unsealed tail) and, given values, the mean relative error of the attention
-output against dense attention.
+output against dense attention. ``locks-prefilter:F[:R]`` is the decode
+prefilter (``--locks-prefilter F --locks-prefilter-rank R``): what it costs
+against ``locks`` on a model's own keys.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def evaluate(
             for c in configs:
                 if scores is None:
                     mask = torch.ones(m, hkv, n, dtype=torch.bool)
+                elif hasattr(sel_obj, "select_pages_for"):  # a selection that depends on the budget
+                    mask = _token_mask(sel_obj.select_pages_for(scores, seq_lens, c), n, c.budget_pages, hkv, m)
                 else:
                     agg = aggregate_scores_torch(scores, seq_lens, hkv, c.sink_pages, c.local_pages, c.gqa_aggregation)
                     mask = _token_mask(select_pages(agg, c.budget_pages), n, c.budget_pages, hkv, m)
@@ -128,7 +132,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--kv", required=True, help="torch file with keys, queries[, values]")
     ap.add_argument("--budget", type=_parse_budgets, required=True, help="token budgets, e.g. 64,256,512,2048")
     ap.add_argument("--selectors", default="locks,quest,shared,oracle",
-                    help="comma-separated: locks[:fp32|bf16|int8-int4-int8], quest, shared[:RANK], oracle")
+                    help="comma-separated: locks[:fp32|bf16|int8-int4-int8], locks-prefilter:F[:R] (the decode "
+                         "prefilter, --locks-prefilter F --locks-prefilter-rank R), quest, shared[:RANK], oracle")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--precision", default="int8-int4-int8", choices=SUMMARY_PRECISIONS)
     ap.add_argument("--sink-pages", type=int, default=1)

@@ -77,19 +77,25 @@ def locks_aggregate_torch(q, summaries, req_to_token, req_pool_indices, seq_lens
     +inf), with the prefilter -inf for pages that are not candidates (chosen by float top-k); scores in
     the dtype of q."""
     args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
-    hkv = summaries.num_kv_heads
-    forced = (config.sink_pages, config.local_pages, config.gqa_aggregation)
     full = score_pages_torch(*args)
-    if not prefiltered(config, max_pages):
-        return aggregate_scores_torch(full, seq_lens, hkv, *forced)
-    estimates = score_pages_torch(*args, terms="estimate", estimate_rank=config.prefilter_rank)
-    bsz, hq, _ = q.shape
-    keep = torch.zeros(bsz * hkv, max_pages, dtype=torch.bool, device=q.device)
-    keep.scatter_(1, select_pages(aggregate_scores_torch(estimates, seq_lens, hkv, *forced), config.candidate_pages),
-                  True)
-    keep = keep.view(bsz, hkv, max_pages)
-    per_head = keep[:, :, None].expand(bsz, hkv, hq // hkv, max_pages).reshape(bsz, hq, max_pages)
-    agg = aggregate_scores_torch(torch.where(per_head, full, estimates), seq_lens, hkv, *forced)
+    estimates = None
+    if prefiltered(config, max_pages):
+        estimates = score_pages_torch(*args, terms="estimate", estimate_rank=config.prefilter_rank)
+    return prefiltered_aggregate_torch(full, estimates, seq_lens, summaries.num_kv_heads, config)
+
+
+def prefiltered_aggregate_torch(full, estimates, seq_lens, num_kv_heads: int, config: LocksConfig) -> torch.Tensor:
+    """The selection's ranking from per-head scores [B, Hq, P]: full ones, and (prefiltered; None: every
+    page in full) each page's estimate. Aggregated [B, H_kv, P], pages that are not candidates -inf."""
+    forced = (config.sink_pages, config.local_pages, config.gqa_aggregation)
+    if estimates is None:
+        return aggregate_scores_torch(full, seq_lens, num_kv_heads, *forced)
+    bsz, hq, max_pages = full.shape
+    keep = torch.zeros(bsz * num_kv_heads, max_pages, dtype=torch.bool, device=full.device)
+    candidates = select_pages(aggregate_scores_torch(estimates, seq_lens, num_kv_heads, *forced), config.candidate_pages)
+    keep = keep.scatter_(1, candidates, True).view(bsz, num_kv_heads, max_pages)
+    per_head = keep[:, :, None].expand(bsz, num_kv_heads, hq // num_kv_heads, max_pages).reshape(bsz, hq, max_pages)
+    agg = aggregate_scores_torch(torch.where(per_head, full, estimates), seq_lens, num_kv_heads, *forced)
     return torch.where(keep, agg, torch.full_like(agg, float("-inf")))
 
 

@@ -7,6 +7,10 @@ are the same for all of them (aggregate_scores_torch, select_pages), so they
 differ only in how they estimate a page's attention mass.
 
 - locks:  per-page centroid + per-page rank-r basis + per-key coefficients (the seed).
+- locks-prefilter:F[:R]  the decode prefilter (--locks-prefilter F --locks-prefilter-rank R):
+          every page estimated from its centroid and first R ranks, the best F x budget
+          pages scored in full and the budget chosen among them (its selection depends on
+          the budget: select_pages_for).
 - quest:  per-channel min/max of the page's keys; score is the upper bound
           sum_c max(q_c min_c, q_c max_c) of q.k over the page (Quest, Tang et al. 2024).
 - shared: one rank-r basis per KV head from the SVD of all of the context's keys
@@ -17,9 +21,14 @@ differ only in how they estimate a page's attention mass.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import torch
 
-from .config import PAGE_SIZE
+from .config import PAGE_SIZE, LocksConfig
+from .scoring import prefiltered, prefiltered_aggregate_torch
+from .selection import select_pages
 from .summaries import PageSummaries
 
 
@@ -48,14 +57,36 @@ class LocksSelector:
             pages = keys[: n_pages * PAGE_SIZE].view(n_pages, PAGE_SIZE, *keys.shape[1:])
             self.summaries.write(torch.arange(n_pages, device=keys.device), pages)
 
-    def head_scores(self, q: torch.Tensor) -> torch.Tensor:
+    def head_scores(self, q: torch.Tensor, ranks: int = None) -> torch.Tensor:
+        """LOCKS scores [M, Hq, P]; ranks: from the centroid and the first ranks ranks only (0: q . mu + log 16)."""
         mu, basis, coef = self.summaries.dequantize()  # [P, H, ...]
+        ranks = basis.shape[-2] if ranks is None else ranks
         qg = _by_head(q, self.summaries.num_kv_heads)
         qmu = torch.einsum("mhgd,phd->mhgp", qg, mu)
-        proj = torch.einsum("mhgd,phrd->mhgpr", qg, basis)
-        local = torch.einsum("mhgpr,phir->mhgpi", proj, coef)
+        if ranks == 0:
+            return (qmu * self.sm_scale + math.log(PAGE_SIZE)).flatten(1, 2)
+        proj = torch.einsum("mhgd,phrd->mhgpr", qg, basis[:, :, :ranks])
+        local = torch.einsum("mhgpr,phir->mhgpi", proj, coef[..., :ranks])
         s = torch.logsumexp((qmu[..., None] + local) * self.sm_scale, -1)
         return s.flatten(1, 2)
+
+
+class LocksPrefilterSelector(LocksSelector):
+    def __init__(self, factor: int, estimate_rank: int = 0, rank: int = 8, precision: str = "int8-int4-int8"):
+        super().__init__(rank, precision)
+        self.factor, self.estimate_rank = factor, estimate_rank
+        self.name = f"locks-prefilter:{factor}:{estimate_rank}"
+
+    def head_scores(self, q: torch.Tensor) -> torch.Tensor:
+        self.estimates = super().head_scores(q, self.estimate_rank)
+        return super().head_scores(q)
+
+    def select_pages_for(self, scores: torch.Tensor, seq_lens: torch.Tensor, config: LocksConfig) -> torch.Tensor:
+        """The prefilter's selection [M * H_kv, k] from head_scores' scores of the same queries."""
+        cfg = dataclasses.replace(config, prefilter=self.factor, prefilter_rank=self.estimate_rank)
+        estimates = self.estimates if prefiltered(cfg, scores.shape[-1]) else None
+        agg = prefiltered_aggregate_torch(scores, estimates, seq_lens, self.summaries.num_kv_heads, cfg)
+        return select_pages(agg, cfg.budget_pages)
 
 
 class QuestSelector:
@@ -108,14 +139,21 @@ class OracleSelector:
 
 
 def make_selector(spec: str, rank: int = 8, precision: str = "int8-int4-int8"):
-    """'locks', 'locks:fp32', 'locks:bf16', 'quest', 'shared', 'shared:32', 'oracle'."""
+    """'locks', 'locks:fp32', 'locks:bf16', 'locks-prefilter:8', 'locks-prefilter:8:2', 'quest', 'shared',
+    'shared:32', 'oracle'."""
     name, _, arg = spec.partition(":")
     if name == "locks":
         return LocksSelector(rank, arg or precision)
+    if name == "locks-prefilter" and arg:
+        factor, _, estimate_rank = arg.partition(":")
+        if factor.isdigit() and int(factor) > 0 and (not estimate_rank or estimate_rank.isdigit()):
+            if int(estimate_rank or 0) <= rank:
+                return LocksPrefilterSelector(int(factor), int(estimate_rank or 0), rank, precision)
     if name == "shared":
         return SharedBasisSelector(int(arg) if arg else rank)
     if name == "quest" and not arg:
         return QuestSelector()
     if name == "oracle" and not arg:
         return OracleSelector()
-    raise ValueError(f"unknown selector {spec!r}: use locks[:fp32|bf16|int8-int4-int8], quest, shared[:RANK], oracle")
+    raise ValueError(f"unknown selector {spec!r}: use locks[:fp32|bf16|int8-int4-int8], locks-prefilter:F[:R] "
+                     f"(F >= 1 candidate pages per budget page, R <= rank estimate ranks), quest, shared[:RANK], oracle")

@@ -60,3 +60,23 @@ def test_no_values_gives_null_error(tmp_path):
     del data["values"]
     rows = ev.evaluate(data, [64], ["oracle"])
     assert rows[0]["rel_error"] is None and 0 < rows[0]["recall"] <= 1
+
+
+def test_prefilter_selector_is_the_decode_rule(kv_file, capsys):
+    """locks-prefilter:F[:R] evaluates --locks-prefilter F --locks-prefilter-rank R: the same as locks when
+    every page is a candidate (256 pages <= 8 x 32), never above the oracle, and a real cut below that."""
+    assert ev.main(["--kv", kv_file, "--budget", "64,512", "--json",
+                    "--selectors", "locks,locks-prefilter:8,locks-prefilter:1,locks-prefilter:2:1,oracle"]) == 0
+    by = {(r["selector"], r["budget"]): r["recall"] for r in json.loads(capsys.readouterr().out)}
+    assert by["locks-prefilter:8:0", 512] == by["locks", 512]
+    for spec in ("locks-prefilter:8:0", "locks-prefilter:1:0", "locks-prefilter:2:1"):
+        for budget in (64, 512):
+            assert by[spec, budget] <= by["oracle", budget] + 1e-6
+    # x1: the budget itself chosen by the centroid estimate alone differs from LOCKS' choice.
+    assert by["locks-prefilter:1:0", 64] != by["locks", 64]
+
+
+@pytest.mark.parametrize("spec", ["locks-prefilter", "locks-prefilter:0", "locks-prefilter:x", "locks-prefilter:8:9"])
+def test_bad_prefilter_specs_are_rejected(spec):
+    with pytest.raises(ValueError, match="locks-prefilter:F"):
+        ev.make_selector(spec)
