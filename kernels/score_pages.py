@@ -518,10 +518,10 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         scores, part_max, part_sum, first = out
         if scores.shape != (bsz, hq, n_cand):
             raise ValueError(f"scores must be [{bsz}, {hq}, {n_cand}], got {tuple(scores.shape)}")
-    if estimates is not None and estimates.shape != (bsz, hq, max_pages):
-        raise ValueError(f"estimates must be [{bsz}, {hq}, {max_pages}], got {tuple(estimates.shape)}")
         if first + n_chunks > part_max.shape[-1]:
             raise ValueError(f"chunks [{first}, {first + n_chunks}) exceed the partials' {part_max.shape[-1]}")
+    if estimates is not None and estimates.shape != (bsz, hq, max_pages):
+        raise ValueError(f"estimates must be [{bsz}, {hq}, {max_pages}], got {tuple(estimates.shape)}")
     if q.stride(2) != 1:
         q = q.contiguous()
     _score_pages_kernel[(bsz * hkv, n_chunks)](
