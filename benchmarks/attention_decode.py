@@ -27,7 +27,7 @@ import torch
 
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
-from sglang_locks.kernels.score_pages import ESTIMATE_BLOCK_PAGES, score_chunks, score_pages_triton
+from sglang_locks.kernels.score_pages import estimate_block_pages, score_chunks, score_pages_triton
 from sglang_locks.kernels.selected_indices import candidate_pages_triton, selected_indices_triton
 from sglang_locks.scoring import locks_scores_triton, prefiltered
 from sglang_locks.selection import selected_lengths
@@ -239,7 +239,7 @@ def prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps) -> dict:
     hkv = sums[0].num_kv_heads
     rows = bsz * hkv
     cand = dec.candidates
-    n_estimate = score_chunks(rows, dec.max_pages, q.device, ESTIMATE_BLOCK_PAGES)[1]
+    n_estimate = score_chunks(rows, dec.max_pages, q.device, estimate_block_pages(cfg.prefilter_rank))[1]
     pooled = torch.empty(bsz, hkv, dec.max_pages, device="cuda")
     pm = torch.empty(bsz, hq, n_estimate, device="cuda")
     ps = torch.empty_like(pm)

@@ -440,17 +440,25 @@ def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, s
     return max(1, min(num_stages, 1 + (shared_memory - _SCRATCH_BYTES) // per_block))
 
 
-# Pages per block of an estimate launch: its pages cost 132 (centroid) to 300 (rank 2) bytes
-# each, not 804, so a block of 16 would leave the loop's overhead per page dominant.
-ESTIMATE_BLOCK_PAGES = 64
-_ESTIMATE_LAUNCH = (4, 3, 0)
+# An estimate launch's (block_pages, num_warps, num_stages, maxnreg) by its ranks: its pages cost 132
+# (centroid) to 300 (rank 2) bytes each, not 804, so blocks of 16 would leave the loop's overhead per
+# page dominant. The fastest of the H200 sweep (benchmarks/estimate_sweep.py -> results/estimate_sweep_74a2b4a.log,
+# one layer, bs=1): centroid 128 pages, 4 warps, 2 stages (Llama 128K 5.3 us, GLM 1M 10.0 us, against
+# 6.8 / 12.0 us at 64 pages and 3 stages); rank 2 at GLM 1M 64 pages (51.6 us; 129.7 us at 128).
+_ESTIMATE_LAUNCH = {0: (128, 4, 2, 0)}
+_ESTIMATE_LAUNCH_RANKS = (64, 4, 2, 0)
 
 
-def score_launch(group: int, integer_dots: bool, terms: str) -> tuple:
+def score_launch(group: int, integer_dots: bool, terms: str, estimate_rank: int = 0) -> tuple:
     """(block_pages, num_warps, num_stages, maxnreg) of the score kernel for a launch of terms."""
     if terms == "estimate":
-        return (ESTIMATE_BLOCK_PAGES,) + _ESTIMATE_LAUNCH
+        return _ESTIMATE_LAUNCH.get(estimate_rank, _ESTIMATE_LAUNCH_RANKS)
     return (BLOCK_PAGES,) + default_launch(group, integer_dots)
+
+
+def estimate_block_pages(estimate_rank: int) -> int:
+    """Pages per block of an estimate launch from estimate_rank ranks (its chunks follow from it)."""
+    return score_launch(1, True, "estimate", estimate_rank)[0]
 
 
 def score_chunks(rows: int, items: int, device: torch.device, block_pages: int, chunk_pages: int = None) -> tuple:
@@ -513,7 +521,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         raise ValueError(f"int_conversion must be one of {sorted(CONVERSIONS)}, got {int_conversion!r}")
     # int8: the basis and centroids meet two int8 planes of q on integer tensor cores (quantised summaries only).
     idot = int_conversion == "int8" and summaries.quantized
-    launch = score_launch(group, idot, terms)
+    launch = score_launch(group, idot, terms, estimate_rank)
     block_pages = block_pages or launch[0]
     if block_pages * rank_p < 16 or block_pages % max(1, 16 // rank_p):
         raise ValueError(f"block_pages={block_pages} too small for rank {rank}")

@@ -18,7 +18,7 @@ import torch
 from .config import LocksConfig
 from .kernels._triton import triton_usable
 from .kernels.aggregate_scores import aggregate_scores_torch, aggregate_scores_triton
-from .kernels.score_pages import BLOCK_PAGES, ESTIMATE_BLOCK_PAGES, score_chunks, score_pages_torch, score_pages_triton
+from .kernels.score_pages import BLOCK_PAGES, estimate_block_pages, score_chunks, score_pages_torch, score_pages_triton
 from .kernels.selected_indices import SelectionState, candidate_pages_triton
 from .selection import select_pages
 from .summaries import PageSummaries
@@ -57,7 +57,7 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
     rows, m = bsz * hkv, config.candidate_pages
     if candidates is None:
         candidates = candidate_buffer(rows, config, q.device)
-    n_estimate = score_chunks(rows, max_pages, q.device, ESTIMATE_BLOCK_PAGES)[1]
+    n_estimate = score_chunks(rows, max_pages, q.device, estimate_block_pages(config.prefilter_rank))[1]
     n_full = score_chunks(rows, m, q.device, opts.get("block_pages") or BLOCK_PAGES, opts.get("chunk_pages"))[1]
     estimates = torch.empty(bsz, hkv, max_pages, dtype=torch.float32, device=q.device)  # pooled per KV head
     part_max = torch.empty(bsz, hq, n_estimate + n_full, dtype=torch.float32, device=q.device)

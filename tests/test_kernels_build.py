@@ -19,7 +19,7 @@ import score_sass
 module = score_sass.load_module(None)
 for terms in ("full", "candidates", "estimate"):
     kernel = score_sass.compile_score_kernel(module, {group}, {kv_heads}, {conversion!r}, terms=terms,
-                                             block_pages=module.score_launch({group}, True, terms)[0])
+                                             block_pages=module.score_launch({group}, True, terms, 2)[0])
     ptx, cubin = kernel.asm["ptx"], kernel.asm["cubin"]
     print("lg2.approx.f32" in ptx, "0xF0F0F0F0" in ptx, "0x64086408" in ptx, len(cubin) > 0)
 """
