@@ -240,25 +240,25 @@ def prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps) -> dict:
     rows = bsz * hkv
     cand = dec.candidates
     n_estimate = score_chunks(rows, dec.max_pages, q.device, estimate_block_pages(cfg.prefilter_rank))[1]
-    pooled = torch.empty(bsz, hkv, dec.max_pages, device="cuda")
+    scores = torch.empty(bsz, hq, dec.max_pages, device="cuda")
     pm = torch.empty(bsz, hq, n_estimate, device="cuda")
     ps = torch.empty_like(pm)
     args = (*tables, dec.max_pages, dec.sm_scale)
-    forced = (cfg.sink_pages, cfg.local_pages)
+    forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
 
     def estimate():
         for layer in range(layers):
             score_pages_triton(q, sums[layer % n_sum], *args, terms="estimate", estimate_rank=cfg.prefilter_rank,
-                               out=(pooled, pm, ps, 0))
+                               out=(scores, pm, ps, 0))
 
     def candidates():
         for _ in range(layers):
-            candidate_pages_triton(pooled, pm, ps, n_estimate, *tables, cand, hkv, *forced, dec.selection_state)
+            candidate_pages_triton(scores, pm, ps, n_estimate, *tables, cand, hkv, *forced, dec.selection_state)
 
     def full():
         for layer in range(layers):
-            score_pages_triton(q, sums[layer % n_sum], *args, terms="candidates", candidates=cand,
-                               estimate_rank=cfg.prefilter_rank, **dec.score_options)
+            score_pages_triton(q, sums[layer % n_sum], *args, terms="candidates", candidates=cand, estimates=scores,
+                               **dec.score_options)
 
     return {name: graph_ms(f, reps) for name, f in (("estimate", estimate), ("candidate_select", candidates),
                                                      ("candidate_score", full))}

@@ -61,8 +61,6 @@ def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_s
         consts["RS"] = 8
         consts["R"] = 2 if terms == "estimate" else 8
         consts["RP"] = consts["R"]
-    if "RE" in names:  # ranks of the estimates a candidate launch recomputes (rank 2 exercises the second per-key pass)
-        consts["RE"] = 2 if terms == "candidates" else 0
     sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "scale_log2" else "i32") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in names if n in ALIGNED})

@@ -91,21 +91,6 @@ def aggregate_block(scores_ptr, qrows, gmask, width, p, n_items, page, n_sealed,
         m = tl.max(s, 0)
         safe = tl.where(m == float("-inf"), 0.0, m)
         agg = safe + tl.log(tl.sum(tl.exp(s - safe[None, :]), 0))
-    return forced_pages(agg, valid, page, n_sealed, sink_pages, local_pages)
-
-
-@triton.jit
-def pooled_block(pooled_ptr, row, width, p, n_items, page, n_sealed, sink_pages, local_pages):
-    """aggregate_block's result for scores already pooled per KV head (row's, width apart): the
-    prefilter's estimates."""
-    valid = p < n_items
-    agg = tl.load(pooled_ptr + row.to(tl.int64) * width + p, mask=valid, other=float("-inf"))
-    return forced_pages(agg, valid, page, n_sealed, sink_pages, local_pages)
-
-
-@triton.jit
-def forced_pages(agg, valid, page, n_sealed, sink_pages, local_pages):
-    """+inf for forced pages (sink, local) of n_sealed, -inf past the row's items."""
     forced = (page < sink_pages) | (page >= n_sealed - local_pages)
     agg = tl.where(forced, float("inf"), agg)
     return tl.where(valid, agg, float("-inf"))

@@ -39,6 +39,7 @@ import triton.language as tl
 from ._triton import interpreted, num_sms
 
 LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -236,11 +237,10 @@ TERMS = {"full": 0, "estimate": 1, "candidates": 2}
 def _score_pages_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
-    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, cand_slots_ptr, n_cand,
+    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, cand_pages_ptr, cand_slots_ptr, n_cand, est_ptr,
     scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
     max_pages, n_chunks, scale_log2,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, RP: tl.constexpr,
-    RE: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
     IDOT: tl.constexpr, GP: tl.constexpr, TERMS: tl.constexpr,
 ):
@@ -255,11 +255,11 @@ def _score_pages_kernel(
     table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
     # Items: the sealed pages, scores written at their logical page; or (candidates) the row's
     # first min(n_sealed, n_cand) candidates, read as their first slots, scores written in candidate order.
-    # R of the RS ranks stored per page enter the scores (R < RS: an estimate); a candidate launch's
-    # candidates replace estimates from RE ranks.
+    # R of the RS ranks stored per page enter the scores (R < RS: an estimate).
     if TERMS == 2:
         n_items = tl.minimum(n_sealed, n_cand)
         cand_row = cand_slots_ptr + row.to(tl.int64) * n_cand
+        cand_pages = cand_pages_ptr + row.to(tl.int64) * n_cand
         width = n_cand
     else:
         n_items = n_sealed
@@ -355,27 +355,16 @@ def _score_pages_kernel(
             # Each page's coefficients are one contiguous load.
             c_rows = tl.load(coef_ptr + rec[:, None] * (RS * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
             s2 = _page_lse(proj, c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT, CVT) + qmu
-            if TERMS == 2:
-                if RE == 0:
-                    est = qmu + 4.0
-                else:  # the estimate launch's terms: its RE ranks of the same projections and coefficients
-                    est = _page_lse(tl.where((r_n < RE)[None, :], proj, 0.0), c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT,
-                                    CVT) + qmu
         s2 = tl.where(valid[None, :], s2, float("-inf"))
-        if TERMS == 1:
-            # The prefilter ranks candidates by the group's pooled estimate, log sum_g exp(s_g): one
-            # value per page and KV head (G per page would cost the estimate launch and the candidates'
-            # selection as many bytes again as the centroids at G = 16).
-            gm = tl.max(s2, 0)
-            pooled = gm + _log2(tl.sum(tl.exp2(s2 - tl.where(valid, gm, 0.0)[None, :]), 0), CVT)
-            tl.store(scores_ptr + row.to(tl.int64) * width + p, pooled * LN2, mask=valid)
-        else:
-            tl.store(scores_ptr + out_rows[:, None] * width + p[None, :], s2 * LN2, mask=valid[None, :])
+        tl.store(scores_ptr + out_rows[:, None] * width + p[None, :], s2 * LN2, mask=valid[None, :])
 
         bm = tl.maximum(run_m, tl.max(s2, 1))
         if TERMS == 2:
             # A candidate's mass replaces its estimate, which the estimate launch's partials counted:
             # these partials sum the differences (of either sign; each head's total stays positive).
+            page = tl.load(cand_pages + p, mask=valid, other=0)
+            est = tl.load(est_ptr + out_rows[:, None] * max_pages + page[None, :], mask=valid[None, :],
+                          other=float("-inf")) * _LOG2E
             grow = tl.where(valid[None, :], tl.exp2(s2 - bm[:, None]) - tl.exp2(est - bm[:, None]), 0.0)
         else:
             grow = tl.exp2(s2 - bm[:, None])
@@ -442,9 +431,10 @@ def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, s
 
 # An estimate launch's (block_pages, num_warps, num_stages, maxnreg) by its ranks: its pages cost 132
 # (centroid) to 300 (rank 2) bytes each, not 804, so blocks of 16 would leave the loop's overhead per
-# page dominant. The fastest of the H200 sweep (benchmarks/estimate_sweep.py -> results/estimate_sweep_74a2b4a.log,
-# one layer, bs=1): centroid 128 pages, 4 warps, 2 stages (Llama 128K 5.3 us, GLM 1M 10.0 us, against
-# 6.8 / 12.0 us at 64 pages and 3 stages); rank 2 at GLM 1M 64 pages (51.6 us; 129.7 us at 128).
+# page dominant. The fastest of the H200 sweeps (benchmarks/estimate_sweep.py, one layer, bs=1): centroid
+# 128 pages, 4 warps, 2 stages (Llama 128K 5.2 us, GLM 1M 11.1 us, against 6.7 / 12.8 us at 64 pages and 3
+# stages: results/estimate_sweep_a274bc1.log; the same order in estimate_sweep_74a2b4a.log, a trial whose
+# launch wrote one pooled score per page); rank 2 at 64 pages, 2 stages (GLM 1M 48.6 us; 87.9 us at 128).
 _ESTIMATE_LAUNCH = {0: (128, 4, 2, 0)}
 _ESTIMATE_LAUNCH_RANKS = (64, 4, 2, 0)
 
@@ -471,7 +461,7 @@ def score_chunks(rows: int, items: int, device: torch.device, block_pages: int, 
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
                        block_pages=None, num_warps=None, num_stages=None, chunk_pages=None,
                        int_conversion="int8", maxnreg=None, terms="full", estimate_rank=0, candidates=None,
-                       out=None):
+                       estimates=None, out=None):
     """Launch the scoring kernel.
 
     q [B, Hq, d]; summaries: PageSummaries of this layer; req_to_token [R, ctx]
@@ -490,16 +480,14 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
 
     terms: "full" scores every sealed page; "estimate" every sealed page from
     the centroid and the first estimate_rank ranks of its summary (0: q . mu
-    + log 16), scores [B, H_kv, max_pages] pooled over each KV head's query
-    heads (log sum_g exp), partials per query head; "candidates" scores in
-    full each (request, KV head) row's first min(n_sealed, M) candidates of
-    candidates [2, >= B * H_kv, M] (candidate_pages_triton's logical pages
-    and first slots), scores [B, Hq, M] in candidate order, and its partials
-    sum, per chunk, each candidate's mass less its estimate from
-    estimate_rank ranks: with an estimate launch's partials they make each
-    head's total. out: (scores, part_max, part_sum, first) to write into,
-    this launch's partials at chunks [first, first + n_chunks) of part_max's
-    last dimension.
+    + log 16); "candidates" scores in full each (request, KV head) row's
+    first min(n_sealed, M) candidates of candidates [2, >= B * H_kv, M]
+    (candidate_pages_triton's logical pages and first slots), scores
+    [B, Hq, M] in candidate order, and its partials sum, per chunk, each
+    candidate's mass less its estimate in estimates (an estimate launch's
+    scores): with that launch's partials they make each head's total. out:
+    (scores, part_max, part_sum, first) to write into, this launch's
+    partials at chunks [first, first + n_chunks) of part_max's last dimension.
     """
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
@@ -508,8 +496,8 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         raise ValueError(f"query heads per KV head must be a power of two <= 16, got {group}")
     if terms not in TERMS:
         raise ValueError(f"terms must be one of {sorted(TERMS)}, got {terms!r}")
-    if (terms == "candidates") != (candidates is not None):
-        raise ValueError("candidates [2, B * H_kv, M] are given exactly when terms='candidates'")
+    if (terms == "candidates") != (candidates is not None) or (candidates is None) != (estimates is None):
+        raise ValueError("candidates [2, B * H_kv, M] and estimates are given exactly when terms='candidates'")
     if not 0 <= estimate_rank <= rank:
         raise ValueError(f"estimate_rank must be in [0, rank={rank}], got {estimate_rank}")
     used = estimate_rank if terms == "estimate" else rank
@@ -530,28 +518,30 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     maxnreg = launch[3] if maxnreg is None else maxnreg
     n_cand = max_pages if candidates is None else candidates.shape[2]
     chunk_pages, n_chunks = score_chunks(bsz * hkv, n_cand, q.device, block_pages, chunk_pages)
-    score_rows = hkv if terms == "estimate" else hq
     if out is None:
-        scores = torch.empty(bsz, score_rows, n_cand, dtype=torch.float32, device=q.device)
+        scores = torch.empty(bsz, hq, n_cand, dtype=torch.float32, device=q.device)
         part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=q.device)
         part_sum = torch.empty_like(part_max)
         first = 0
     else:
         scores, part_max, part_sum, first = out
-        if scores.shape != (bsz, score_rows, n_cand):
-            raise ValueError(f"scores must be [{bsz}, {score_rows}, {n_cand}], got {tuple(scores.shape)}")
+        if scores.shape != (bsz, hq, n_cand):
+            raise ValueError(f"scores must be [{bsz}, {hq}, {n_cand}], got {tuple(scores.shape)}")
         if first + n_chunks > part_max.shape[-1]:
             raise ValueError(f"chunks [{first}, {first + n_chunks}) exceed the partials' {part_max.shape[-1]}")
+    if estimates is not None and estimates.shape != (bsz, hq, max_pages):
+        raise ValueError(f"estimates must be [{bsz}, {hq}, {max_pages}], got {tuple(estimates.shape)}")
     if q.stride(2) != 1:
         q = q.contiguous()
     _score_pages_kernel[(bsz * hkv, n_chunks)](
         q, q.stride(0), q.stride(1),
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
-        seq_lens if candidates is None else candidates[1], n_cand,
+        *((seq_lens, seq_lens) if candidates is None else (candidates[0], candidates[1])), n_cand,
+        scores if estimates is None else estimates,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, G=group, D=d, R=used, RS=rank, RP=rank_p, RE=estimate_rank, PAGE=16, BLOCK_P=block_pages,
+        HKV=hkv, G=group, D=d, R=used, RS=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
         IDOT=idot, GP=max(16, 2 * group) if idot else 16, TERMS=TERMS[terms],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow

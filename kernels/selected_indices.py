@@ -31,9 +31,8 @@ pass over 16-bit keys measured 3.3 us of the old 11.9 us launch at Llama
 128K: one step of 1/16 nat loses no recall that an estimate can resolve.)
 
 The prefilter (scoring.locks_scores_triton) runs the same kernel twice:
-candidate_pages_triton selects each row's candidates from the estimates,
-pooled per KV head (log sum_g exp, the logsumexp aggregation: one load per
-page), and writes them as a list (logical pages and first slots, page order);
+candidate_pages_triton selects each row's candidates from the estimate
+scores and writes them as a list (logical pages and first slots, page order);
 selected_indices_triton with that list selects among the candidates, whose
 scores come in candidate order, forcing sink and local pages by their logical
 page.
@@ -48,8 +47,7 @@ import triton
 import triton.language as tl
 
 from ._triton import interpreted, num_sms
-from .aggregate_scores import (AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, partials_block,
-                               pooled_block, row_lse)
+from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, partials_block, row_lse
 
 PAGE_BLOCK = 1024  # pages a program handles at a time
 
@@ -163,11 +161,8 @@ def _select_kernel(
                     page = tl.load(cand_pages + p, mask=live, other=0)
                 else:
                     page = p
-                if STAGE == 1:  # estimates pooled per KV head (MODE: logsumexp)
-                    agg = pooled_block(scores_ptr, row, max_pages, p, n_items, page, n_sealed, sink_pages, local_pages)
-                else:
-                    agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse,
-                                          sink_pages, local_pages, MODE)
+                agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse,
+                                      sink_pages, local_pages, MODE)
                 key = page_key(agg, offset)
                 tl.store(key_row + p, key, mask=live)
                 counts += tl.histogram(key, HIST_BINS, mask=live)
@@ -240,8 +235,7 @@ _STAGES = {"pages": 0, "candidates": 1, "among_candidates": 2}
 
 def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens, indptr,
                    indices, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state):
-    bsz, hq = part_max.shape[:2]
-    width = scores.shape[-1]
+    bsz, hq, width = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
     if rows > state.arrived.numel():
@@ -296,15 +290,14 @@ def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_i
 
 
 def candidate_pages_triton(scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens,
-                           candidates, num_kv_heads, sink_pages, local_pages, state: SelectionState):
-    """The prefilter's candidates: per (request, KV head) row the M = candidates.shape[2] pages of the
-    best pooled estimates (an estimate launch's scores [B, H_kv, P] and its per-query-head partials,
-    the first score_chunks of part_max's) in page order, forced pages first, every sealed page when
-    they fit: their logical pages at candidates[0, row, :min(n_sealed, M)] and their first slots at
-    candidates[1, row, ...]."""
+                           candidates, num_kv_heads, sink_pages, local_pages, mode, state: SelectionState):
+    """The prefilter's candidates: per (request, KV head) row the M = candidates.shape[2] best-scored
+    sealed pages (forced pages first; every sealed page when they fit) in page order, their logical
+    pages at candidates[0, row, :min(n_sealed, M)] and their first slots at candidates[1, row, ...].
+    Partials: the first score_chunks of part_max's."""
     m = candidates.shape[2]
     _launch_select("candidates", scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens,
-                   seq_lens, seq_lens, candidates, num_kv_heads, sink_pages, local_pages, "logsumexp", m, state)
+                   seq_lens, seq_lens, candidates, num_kv_heads, sink_pages, local_pages, mode, m, state)
     return candidates
 
 

@@ -2,9 +2,8 @@
 
 With config.prefilter = F > 0 (and score buffers wider than M = F *
 budget_pages pages), a step scores every sealed page by an estimate from its
-centroid and first config.prefilter_rank ranks, pooled over each KV head's
-query heads (log sum_g exp), keeps the M best of each (request, KV head) as
-candidates, scores those in full and selects among them.
+centroid and first config.prefilter_rank ranks, keeps the M best of each
+(request, KV head) as candidates, scores those in full and selects among them.
 Each query head's total mass, which normalises the GQA aggregation, counts the
 candidates' full scores and the other pages' estimates.
 locks_scores_triton runs the kernels; locks_aggregate_torch is the reference
@@ -59,15 +58,15 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
         candidates = candidate_buffer(rows, config, q.device)
     n_estimate = score_chunks(rows, max_pages, q.device, estimate_block_pages(config.prefilter_rank))[1]
     n_full = score_chunks(rows, m, q.device, opts.get("block_pages") or BLOCK_PAGES, opts.get("chunk_pages"))[1]
-    estimates = torch.empty(bsz, hkv, max_pages, dtype=torch.float32, device=q.device)  # pooled per KV head
+    estimates = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
     part_max = torch.empty(bsz, hq, n_estimate + n_full, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
     score_pages_triton(*args, int_conversion=opts.get("int_conversion", "int8"), terms="estimate",
                        estimate_rank=config.prefilter_rank, out=(estimates, part_max, part_sum, 0))
     candidate_pages_triton(estimates, part_max, part_sum, n_estimate, req_to_token, req_pool_indices, seq_lens,
-                           candidates, hkv, config.sink_pages, config.local_pages, state)
+                           candidates, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation, state)
     scores = torch.empty(bsz, hq, m, dtype=torch.float32, device=q.device)
-    score_pages_triton(*args, terms="candidates", candidates=candidates, estimate_rank=config.prefilter_rank,
+    score_pages_triton(*args, terms="candidates", candidates=candidates, estimates=estimates,
                        out=(scores, part_max, part_sum, n_estimate), **opts)
     return scores, part_max, part_sum, candidates
 
@@ -87,16 +86,13 @@ def locks_aggregate_torch(q, summaries, req_to_token, req_pool_indices, seq_lens
 
 def prefiltered_aggregate_torch(full, estimates, seq_lens, num_kv_heads: int, config: LocksConfig) -> torch.Tensor:
     """The selection's ranking from per-head scores [B, Hq, P]: full ones, and (prefiltered; None: every
-    page in full) each page's estimate. Candidates: the best pages by estimates pooled over each KV
-    head's query heads (logsumexp aggregation); the ranking among them aggregates per
-    config.gqa_aggregation. Aggregated [B, H_kv, P], pages that are not candidates -inf."""
+    page in full) each page's estimate. Aggregated [B, H_kv, P], pages that are not candidates -inf."""
     forced = (config.sink_pages, config.local_pages, config.gqa_aggregation)
     if estimates is None:
         return aggregate_scores_torch(full, seq_lens, num_kv_heads, *forced)
     bsz, hq, max_pages = full.shape
     keep = torch.zeros(bsz * num_kv_heads, max_pages, dtype=torch.bool, device=full.device)
-    pooled = aggregate_scores_torch(estimates, seq_lens, num_kv_heads, *forced[:2], "logsumexp")
-    candidates = select_pages(pooled, config.candidate_pages)
+    candidates = select_pages(aggregate_scores_torch(estimates, seq_lens, num_kv_heads, *forced), config.candidate_pages)
     keep = keep.scatter_(1, candidates, True).view(bsz, num_kv_heads, max_pages)
     per_head = keep[:, :, None].expand(bsz, num_kv_heads, hq // num_kv_heads, max_pages).reshape(bsz, hq, max_pages)
     agg = aggregate_scores_torch(torch.where(per_head, full, estimates), seq_lens, num_kv_heads, *forced)

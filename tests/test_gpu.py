@@ -67,7 +67,7 @@ def test_locks_step_matches_reference(seq_lens, hkv, group, precision, prefilter
     assert _rel(out, ref) < 1e-2
     # The picks are the float64 reference's but for near-ties: a page swapped in or out lies within
     # one selection-key step (plus the kernels' rounding) of the reference's k-th aggregated score, or
-    # (prefiltered) of the k-th pooled estimate that decided the candidates.
+    # (prefiltered) of the k-th centroid estimate that decided the candidates.
     _, want, agg, centroid_agg = selected_indices_reference(q, c, cfg)
     same = sum(len(set(got[a:b].tolist()) & set(want[a:b].tolist())) for a, b in zip(indptr[:-1], indptr[1:]))
     assert same >= 0.9 * len(want)
@@ -113,7 +113,7 @@ def selected_indices_reference(q, c, cfg):
     centroid_agg = None
     if prefiltered(cfg, max_pages):
         centroid_agg = aggregate_scores_torch(score_pages_torch(*args, terms="estimate", estimate_rank=cfg.prefilter_rank),
-                                              c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, "logsumexp")
+                                              c["seq_lens"], hkv, cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
     sel = select_pages(agg, cfg.budget_pages)
     indptr, indices = selected_indices_torch(sel.cpu(), c["req_to_token"].cpu(), c["req_pool_indices"].cpu(),
                                              c["seq_lens"].cpu(), hkv, cfg.budget_pages)
