@@ -30,8 +30,6 @@ normalise per head without another pass over all scores.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -435,14 +433,14 @@ def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, s
 # 128 pages, 4 warps, 2 stages (Llama 128K 5.2 us, GLM 1M 11.1 us, against 6.7 / 12.8 us at 64 pages and 3
 # stages: results/estimate_sweep_a274bc1.log; the same order in estimate_sweep_74a2b4a.log, a trial whose
 # launch wrote one pooled score per page); rank 2 at 64 pages, 2 stages (GLM 1M 48.6 us; 87.9 us at 128).
-_ESTIMATE_LAUNCH = {0: (128, 4, 2, 0)}
-_ESTIMATE_LAUNCH_RANKS = (64, 4, 2, 0)
+_CENTROID_ESTIMATE_LAUNCH = (128, 4, 2, 0)
+_RANKED_ESTIMATE_LAUNCH = (64, 4, 2, 0)
 
 
 def score_launch(group: int, integer_dots: bool, terms: str, estimate_rank: int = 0) -> tuple:
     """(block_pages, num_warps, num_stages, maxnreg) of the score kernel for a launch of terms."""
     if terms == "estimate":
-        return _ESTIMATE_LAUNCH.get(estimate_rank, _ESTIMATE_LAUNCH_RANKS)
+        return _RANKED_ESTIMATE_LAUNCH if estimate_rank else _CENTROID_ESTIMATE_LAUNCH
     return (BLOCK_PAGES,) + default_launch(group, integer_dots)
 
 
@@ -569,11 +567,9 @@ def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
     qg = q.view(bsz, hkv, group, d)
     qmu = torch.einsum("bhgd,bphd->bhgp", qg, mu)
     ranks = estimate_rank if terms == "estimate" else basis.shape[-2]
-    if ranks == 0:
-        s = qmu * sm_scale + math.log(16)  # as if the page's 16 keys sat on its centroid
-    else:
-        proj = torch.einsum("bhgd,bphrd->bhgpr", qg, basis[..., :ranks, :])
-        local = torch.einsum("bhgpr,bphir->bhgpi", proj, coef[..., :ranks])
-        s = torch.logsumexp((qmu[..., None] + local) * sm_scale, -1)
+    # No ranks: every per-key term is 0, so the page scores q . mu + log 16 (its keys on the centroid).
+    proj = torch.einsum("bhgd,bphrd->bhgpr", qg, basis[..., :ranks, :])
+    local = torch.einsum("bhgpr,bphir->bhgpi", proj, coef[..., :ranks])
+    s = torch.logsumexp((qmu[..., None] + local) * sm_scale, -1)
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     return s.reshape(bsz, hq, max_pages)

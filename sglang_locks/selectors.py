@@ -22,7 +22,6 @@ differ only in how they estimate a page's attention mass.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -63,8 +62,6 @@ class LocksSelector:
         ranks = basis.shape[-2] if ranks is None else ranks
         qg = _by_head(q, self.summaries.num_kv_heads)
         qmu = torch.einsum("mhgd,phd->mhgp", qg, mu)
-        if ranks == 0:
-            return (qmu * self.sm_scale + math.log(PAGE_SIZE)).flatten(1, 2)
         proj = torch.einsum("mhgd,phrd->mhgpr", qg, basis[:, :, :ranks])
         local = torch.einsum("mhgpr,phir->mhgpi", proj, coef[..., :ranks])
         s = torch.logsumexp((qmu[..., None] + local) * self.sm_scale, -1)
