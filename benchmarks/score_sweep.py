@@ -77,12 +77,13 @@ def main():
         indptr, _ = selected_pages(lens.cpu(), hkv, cfg.budget_pages)
         indptr = indptr.to(q.device)
         indices = torch.empty(int(indptr[-1]), dtype=torch.int32, device=q.device)
+        last_len = torch.empty(hkv, dtype=torch.int32, device=q.device)
         forced = (hkv, cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
         agg = aggregate_scores_triton(*scored, lens, *forced)
         state = SelectionState(hkv, q.device)
         for name, fn in (
             ("aggregate", lambda: aggregate_scores_triton(*scored, lens, *forced)),
-            ("select", lambda: selected_indices_triton(*scored, r2t, rpi, lens, indptr, indices, *forced,
+            ("select", lambda: selected_indices_triton(*scored, r2t, rpi, lens, indptr, indices, last_len, *forced,
                                                        cfg.budget_pages, state)),
             ("torch_topk", lambda: select_pages(agg, cfg.budget_pages)),
         ):

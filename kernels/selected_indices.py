@@ -97,7 +97,7 @@ def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
 @triton.jit
 def _select_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks, part_stride,
-    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr,
+    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr, last_len_ptr,
     cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
     sink_pages, local_pages, budget_pages, parts,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
@@ -207,6 +207,7 @@ def _select_kernel(
     if STAGE != 1:
         if (part == 0) & ((PHASE == 0) | (PHASE == 2)):
             tail = seq_len - n_sealed * PAGE
+            tl.store(last_len_ptr + row, tl.where(tail > 0, tail, PAGE))  # FlashInfer's last page: tail or sealed
             if tail > 0:
                 slot = tl.load(table + n_sealed * PAGE)
                 tl.store(out + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
@@ -234,7 +235,7 @@ _STAGES = {"pages": 0, "candidates": 1, "among_candidates": 2}
 
 
 def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens, indptr,
-                   indices, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state):
+                   indices, last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state):
     bsz, hq, width = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
@@ -256,7 +257,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
     keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
     suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
     args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
-            req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices,
+            req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices, last_page_len,
             cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix,
             sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
@@ -272,20 +273,25 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
 
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
-                            num_kv_heads, sink_pages, local_pages, mode, budget_pages, state: SelectionState,
+                            last_page_len, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state: SelectionState,
                             candidates: torch.Tensor = None):
     """Select and write page entries, from the scoring kernel's outputs.
 
     scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton,
     all chunks merged); indptr [B * H_kv + 1] in pages (selection.selected_pages).
     Writes each row's entries at indptr: its top pages in logical order, then its
-    tail page. With candidates [2, >= B * H_kv, M] (candidate_pages_triton's
+    tail page; and the length of its last page (the tail's, or 16) at
+    last_page_len[row] (int32, >= B * H_kv). With candidates [2, >= B * H_kv, M] (candidate_pages_triton's
     list), scores are in candidate order [B, Hq, M] and the top pages are
     chosen among each row's candidates, in candidate (= logical) order.
     """
     stage = "pages" if candidates is None else "among_candidates"
+    rows = scores.shape[0] * num_kv_heads
+    if last_page_len.numel() < rows or last_page_len.dtype != torch.int32:
+        raise ValueError(f"last_page_len must hold >= {rows} int32 values, got {last_page_len.numel()} "
+                         f"{last_page_len.dtype}")
     _launch_select(stage, scores, part_max, part_sum, None, req_to_token, req_pool_indices, seq_lens, indptr, indices,
-                   candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state)
+                   last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state)
     return indices
 
 
@@ -297,7 +303,7 @@ def candidate_pages_triton(scores, part_max, part_sum, score_chunks, req_to_toke
     Partials: the first score_chunks of part_max's."""
     m = candidates.shape[2]
     _launch_select("candidates", scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens,
-                   seq_lens, seq_lens, candidates, num_kv_heads, sink_pages, local_pages, mode, m, state)
+                   seq_lens, seq_lens, seq_lens, candidates, num_kv_heads, sink_pages, local_pages, mode, m, state)
     return candidates
 
 

@@ -61,8 +61,9 @@ class LocksDecode:
         *scored, candidates = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens,
                                                   self.max_pages, self.sm_scale, cfg, self.selection_state,
                                                   self.candidates, self.score_options)
-        selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, self.sparse.indptr,
-                                self.sparse.indices, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
+        sparse = self.sparse
+        selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, sparse.indptr, sparse.indices,
+                                sparse.last_page_len, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
                                 cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, candidates)
 
     def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import torch
@@ -28,6 +28,12 @@ def selected_lengths(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: in
     n_sealed = seq_lens.long() // PAGE_SIZE
     lens = torch.clamp(n_sealed, max=budget_pages) * PAGE_SIZE + seq_lens.long() - n_sealed * PAGE_SIZE
     return lens.repeat_interleave(num_kv_heads)
+
+
+def pages_per_request(seq_lens: Sequence[int], budget_pages: int) -> Tuple[int, ...]:
+    """Pages each request's rows attend (its selected sealed pages, then its tail page if any): what
+    FlashInfer's plan depends on, in plain Python for the per-step check (SparseDecodeWrapper.plan)."""
+    return tuple(min(n // PAGE_SIZE, budget_pages) + (n % PAGE_SIZE > 0) for n in seq_lens)
 
 
 def selected_pages(seq_lens: torch.Tensor, num_kv_heads: int, budget_pages: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from .config import PAGE_SIZE
-from .selection import selected_pages
+from .selection import pages_per_request, selected_pages
 
 
 def per_head_pages(cache: torch.Tensor) -> torch.Tensor:
@@ -31,7 +31,9 @@ class SparseDecodeWrapper:
     """plan() once per decode step (host), run() per layer (device, graph-safe).
 
     Between them the caller writes each row's page entries into ``indices``
-    at ``indptr`` (selected_indices_triton does).
+    at ``indptr`` and, under CUDA graphs, the length of its last page into
+    ``last_page_len`` (selected_indices_triton does both: plan() skips
+    FlashInfer's plan while the pages per row stay the same).
     """
 
     def __init__(
@@ -67,27 +69,28 @@ class SparseDecodeWrapper:
             paged_kv_last_page_len_buffer=self.last_page_len if use_cuda_graph else None,
         )
         self.rows = 0
-        self._planned = None  # CUDA-graph mode: (indptr, dtypes, scale) of FlashInfer's last plan
+        self._planned = None  # CUDA-graph mode: (pages per request, dtypes, scale) of FlashInfer's last plan
 
     def plan(self, seq_lens_cpu: torch.Tensor, budget_pages: int, q_dtype, kv_dtype, sm_scale: float) -> None:
-        indptr, last_page_len = selected_pages(seq_lens_cpu, self.num_kv_heads, budget_pages)
-        rows = indptr.numel() - 1
+        lens = seq_lens_cpu.tolist()
+        rows = len(lens) * self.num_kv_heads
         if self._graph_rows is not None and rows != self._graph_rows:
             raise ValueError(f"a CUDA-graph wrapper serves exactly {self._graph_rows // self.num_kv_heads} requests")
+        self.rows = rows
+        key = None
+        if self._graph_rows is not None:
+            # FlashInfer's plan (its work split, ~0.5 ms of host time per step at Llama bs=1) depends on the pages per
+            # row, not on the last page's lengths, which its kernel reads from last_page_len: a long request's rows
+            # keep their pages (budget + tail) from step to step. The check is plain Python: the step's host time
+            # adds to its latency.
+            key = (pages_per_request(lens, budget_pages), q_dtype, kv_dtype, sm_scale)
+            if key == self._planned:
+                return
+        indptr, last_page_len = selected_pages(seq_lens_cpu, self.num_kv_heads, budget_pages)
         total = int(indptr[-1])
         if total > self.indices.numel():
             raise ValueError(f"{total} selected pages exceed max_indices={self.indices.numel()}")
-        self.rows = rows
-        if self._graph_rows is not None:
-            key = (indptr, q_dtype, kv_dtype, sm_scale)
-            if self._planned is not None and torch.equal(indptr, self._planned[0]) and key[1:] == self._planned[1:]:
-                # FlashInfer's plan (work split, ~0.5 ms of host time per step at Llama bs=1) depends on the pages
-                # per row, not on the last page's length, which its kernel reads from this buffer: a
-                # long request's rows keep their pages (budget + tail) from step to step.
-                self.last_page_len.copy_(last_page_len, non_blocking=True)
-                return
-            self._planned = key
-        else:  # under CUDA graphs FlashInfer's plan copies into this same buffer
+        if self._graph_rows is None:  # under CUDA graphs FlashInfer's plan copies into this same buffer
             self.indptr[: rows + 1].copy_(indptr, non_blocking=True)
         self.wrapper.plan(
             indptr,
@@ -101,6 +104,7 @@ class SparseDecodeWrapper:
             kv_data_type=kv_dtype,
             sm_scale=sm_scale,
         )
+        self._planned = key
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: Optional[torch.Tensor] = None):
         """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""

@@ -100,7 +100,7 @@ class Harness:
             self.req_to_token[r, self.seq_lens[r]] = int(loc)
             self.seq_lens[r] += 1
         seq = torch.tensor([self.seq_lens[r] for r in reqs])
-        self.store.record_decode_seals(self.req_to_token, torch.tensor(reqs), seq)
+        self.store.record_decode_seals(self.req_to_token, torch.tensor(reqs), seq.tolist())
         for layer in range(LAYERS):
             self.kv.k_buffer[layer][out] = self.keys_for(len(reqs))
         return out

@@ -1,7 +1,6 @@
 """Per-step choice of LOCKS or dense decode, and the decode graphs captured and keyed per variant."""
 
 import pytest
-import torch
 
 from plugin_helpers import load_sglang_plugins
 from sglang_locks.plugin.graph_variants import (
@@ -44,7 +43,7 @@ def test_default_threshold_scales_with_kv_heads():
     ([100], 0, LOCKS),                         # 0: never dense
 ])
 def test_step_variant_counts_the_steps_tokens(lens, threshold, want):
-    assert step_variant(torch.tensor(lens), threshold) == want
+    assert step_variant(lens, threshold) == want
 
 
 def test_graph_label_keeps_sglangs_label():

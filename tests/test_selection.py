@@ -19,7 +19,7 @@ from sglang_locks.kernels.selected_indices import (
     selected_indices_triton,
     selection_parts,
 )
-from sglang_locks.selection import select_pages, selected_pages
+from sglang_locks.selection import pages_per_request, select_pages, selected_pages
 from sglang_locks.sparse_decode import dense_decode_reference, per_head_pages, sparse_decode_reference
 
 
@@ -64,12 +64,14 @@ def _scored(seq_lens, hkv, group, seed, ties=False):
 def _select(c, scored, hkv, cfg, state):
     """The kernel's page entries, written after -7 sentinels; (indptr, entries)."""
     device = c["seq_lens"].device
-    indptr, _ = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    indptr, last_page_len = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
     indices = torch.full((int(indptr[-1]) + 5,), -7, dtype=torch.int32, device=device)
+    last = torch.full((last_page_len.numel() + 1,), -7, dtype=torch.int32, device=device)
     selected_indices_triton(*(t.to(device) for t in scored), c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
-                            indptr.to(device), indices, hkv, cfg.sink_pages, cfg.local_pages, "mass", cfg.budget_pages,
-                            state)
+                            indptr.to(device), indices, last, hkv, cfg.sink_pages, cfg.local_pages, "mass",
+                            cfg.budget_pages, state)
     assert (indices[int(indptr[-1]) :] == -7).all()  # nothing written past the rows
+    assert torch.equal(last[:-1].cpu(), last_page_len) and int(last[-1]) == -7  # each row's last page: tail or 16
     return indptr, indices[: int(indptr[-1])].cpu()
 
 
@@ -161,13 +163,15 @@ def test_selection_among_candidates_writes_the_top_candidates_pages(seq_lens, hk
         cand[0, row, :k], cand[1, row, :k] = pages.int(), table[pages * 16]
         scores[b, (row % hkv) * group:(row % hkv + 1) * group, :k] = 3 * torch.randn(group, k, generator=gen)
     lse = torch.logsumexp(scores, -1, keepdim=True)
-    indptr, _ = selected_pages(lens, hkv, cfg.budget_pages)
+    indptr, last_page_len = selected_pages(lens, hkv, cfg.budget_pages)
     indices = torch.full((int(indptr[-1]) + 5,), -7, dtype=torch.int32, device=device)
+    last = torch.full((rows,), -7, dtype=torch.int32, device=device)
     state = SelectionState(rows, device)
     selected_indices_triton(scores.to(device), lse.to(device), torch.ones_like(lse).to(device), c["req_to_token"],
-                            c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices, hkv, cfg.sink_pages,
-                            cfg.local_pages, "mass", cfg.budget_pages, state, cand.to(device))
+                            c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices, last, hkv,
+                            cfg.sink_pages, cfg.local_pages, "mass", cfg.budget_pages, state, cand.to(device))
     assert not state.hist.any() and not state.arrived.any()
+    assert torch.equal(last.cpu(), last_page_len)
     got = indices.cpu()
     assert (got[int(indptr[-1]):] == -7).all()
     # Reference: aggregate in candidate order, forced by logical page, ranked by the kernel's keys.
@@ -282,6 +286,16 @@ def test_selected_pages_layout():
     indptr, last = selected_pages(torch.tensor([16 * 300 + 5, 16 * 7, 9, 0]), 2, 128)
     assert indptr.tolist() == [0, 129, 258, 265, 272, 273, 274, 274, 274]
     assert last.tolist() == [5, 5, 16, 16, 9, 9, 16, 16]
+
+
+def test_pages_per_request_is_the_plans_pages_per_row():
+    """The host's per-step check whether FlashInfer must plan again (plain Python) against the layout it plans."""
+    gen = torch.Generator().manual_seed(3)
+    for budget in (1, 7, 128):
+        lens = torch.randint(0, 16 * 3 * budget, (9,), generator=gen)
+        lens[:4] = torch.tensor([0, 16 * budget, 16 * budget + 1, 16 * (budget + 1)])
+        indptr, _ = selected_pages(lens, 3, budget)
+        assert list(pages_per_request(lens.tolist(), budget)) == indptr.diff()[::3].tolist()
 
 
 def test_selection_state_and_cache_layout_are_checked():

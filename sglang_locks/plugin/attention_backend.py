@@ -169,9 +169,9 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
     def _start_decode_step(self, fb) -> str:
         """A real decode step (not a capture): record its seals, whatever the variant, and choose it."""
         bs = fb.batch_size
-        lens_cpu = fb.seq_lens_cpu[:bs]
-        self.store.record_decode_seals(self.req_to_token_pool.req_to_token, fb.req_pool_indices[:bs], lens_cpu)
-        self.variant = step_variant(lens_cpu, self.min_step_tokens)
+        lens = fb.seq_lens_cpu[:bs].tolist()  # plain Python from here: host time adds to the step's latency
+        self.store.record_decode_seals(self.req_to_token_pool.req_to_token, fb.req_pool_indices[:bs], lens)
+        self.variant = step_variant(lens, self.min_step_tokens)
         self.store.count_step(self.variant)
         return self.variant
 

@@ -19,7 +19,7 @@ has chosen the variant), so a step replays the graph of its variant.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 LOCKS, DENSE = "locks", "dense"
 # KV tokens below which a bs=1 step decodes densely, times KV heads per GPU: the H200 crossover
@@ -31,9 +31,9 @@ def default_min_step_tokens(num_kv_heads: int) -> int:
     return AUTO_STEP_TOKENS_X_KV_HEADS // num_kv_heads
 
 
-def step_variant(seq_lens_cpu, min_step_tokens: int) -> str:
+def step_variant(seq_lens: Sequence[int], min_step_tokens: int) -> str:
     """LOCKS, or DENSE when the step's requests hold fewer than min_step_tokens KV tokens in all."""
-    return DENSE if int(seq_lens_cpu.sum()) < min_step_tokens else LOCKS
+    return DENSE if sum(seq_lens) < min_step_tokens else LOCKS
 
 
 def graph_label(label: Optional[str], variant: str) -> str:

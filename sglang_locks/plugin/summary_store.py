@@ -24,7 +24,6 @@ import collections
 import weakref
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from ..config import PAGE_SIZE, LocksConfig
@@ -139,18 +138,18 @@ class SummaryStore:
             self._views[layer_id].write_from_cache(sealed.pages[None], [k_buffer], sealed.slots)
 
     # ------------------------------------------------------------------ decode
-    def record_decode_seals(self, req_to_token, req_pool_indices, seq_lens_cpu) -> None:
-        """A decode step whose seq_len (this step's token included) is a multiple of 16 seals that page."""
-        n = seq_lens_cpu.numpy()  # numpy: small torch ops on the host cost more, every step
-        idx = np.flatnonzero((n % PAGE_SIZE == 0) & (n > 0))
-        if idx.size == 0:
+    def record_decode_seals(self, req_to_token, req_pool_indices, seq_lens: Sequence[int]) -> None:
+        """A decode step whose seq_len (this step's token included) is a multiple of 16 seals that page.
+        seq_lens: the step's, a list (plain Python: this runs on the host before every decode step)."""
+        sealing = [i for i, n in enumerate(seq_lens) if n > 0 and n % PAGE_SIZE == 0]
+        if not sealing:
             return
         device = req_to_token.device
-        last = torch.from_numpy(n[idx].astype(np.int64) - 1).to(device, non_blocking=True)
-        req = req_pool_indices[torch.from_numpy(idx).to(device, non_blocking=True)].to(torch.int64)
+        last = torch.tensor([seq_lens[i] - 1 for i in sealing], dtype=torch.int64).to(device, non_blocking=True)
+        req = req_pool_indices[torch.tensor(sealing).to(device, non_blocking=True)].to(torch.int64)
         pages = req_to_token[req, last].to(torch.int64) // PAGE_SIZE
         self._pending.append((pages, self.page_generation[pages].clone()))
-        self.built_pages += idx.size
+        self.built_pages += len(sealing)
 
     def flush_pending(self, kv_pool) -> None:
         """Summarise, for every LOCKS layer at once, the pages sealed by earlier decode steps."""
