@@ -89,6 +89,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.eager_decoder: Optional[LocksDecode] = None
         self.eager_capacity = 0
         self.graph_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # static (seq_lens, short)
+        self.graph_row_views: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # their first bs rows, per bs
         self.graph_candidates: Optional[torch.Tensor] = None  # the prefilter's, shared by the graph decoders
         self.locks_seq_lens: Optional[torch.Tensor] = None  # this step's: LOCKS lengths [bs]
         self.short_rows: Optional[torch.Tensor] = None  # and rows decoded densely [bs]
@@ -132,8 +133,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
             if bs > self.eager_capacity:  # grows by doubling: few re-allocations
                 self.eager_capacity = max(bs, 2 * self.eager_capacity)
                 self.eager_decoder = self._new_decoder(self.eager_capacity, use_cuda_graph=False)
-            rows = self._row_buffers(bs)
-            self._plan_decode(forward_batch, self.eager_decoder, rows, max_pages=None)
+            self._plan_decode(forward_batch, self.eager_decoder, self._row_buffers(bs), max_pages=None)
             if self.needs_stock_decode:
                 super().init_forward_metadata(self._stock_view(forward_batch))
             return
@@ -154,7 +154,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
                 return
             if in_capture and bs not in self.graph_decoders:
                 self.graph_decoders[bs] = self._new_decoder(bs, use_cuda_graph=True)
-            self._plan_decode(forward_batch, self.graph_decoders[bs], self.graph_rows, self.static_max_pages,
+            self._plan_decode(forward_batch, self.graph_decoders[bs], self._graph_rows_of(bs), self.static_max_pages,
                               check_stale=not in_capture)
             if self.needs_stock_decode:
                 self._stock_out_graph(self._stock_view(forward_batch), in_capture)
@@ -168,9 +168,9 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
 
     def _start_decode_step(self, fb) -> str:
         """A real decode step (not a capture): record its seals, whatever the variant, and choose it."""
-        bs = fb.batch_size
-        lens = fb.seq_lens_cpu[:bs].tolist()  # plain Python from here: host time adds to the step's latency
-        self.store.record_decode_seals(self.req_to_token_pool.req_to_token, fb.req_pool_indices[:bs], lens)
+        # Plain Python from here, no tensor slices: host time before the step's launch adds to its latency.
+        lens = fb.seq_lens_cpu.tolist()[: fb.batch_size]
+        self.store.record_decode_seals(self.req_to_token_pool.req_to_token, fb.req_pool_indices, lens)
         self.variant = step_variant(lens, self.min_step_tokens)
         self.store.count_step(self.variant)
         return self.variant
@@ -187,11 +187,19 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
         self.graph_rows = self._row_buffers(max_bs)
+        self.graph_row_views.clear()
         self.graph_candidates = candidate_buffer(max_bs * self.num_kv_heads, self.config, self.locks_workspace.device)
 
     def _row_buffers(self, bs: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(LOCKS lengths, rows decoded densely) of bs requests."""
         device = self.locks_workspace.device
         return torch.ones(bs, dtype=torch.int64, device=device), torch.zeros(bs, dtype=torch.bool, device=device)
+
+    def _graph_rows_of(self, bs: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The static row buffers' first bs rows, as views made once per batch size."""
+        if bs not in self.graph_row_views:
+            self.graph_row_views[bs] = (self.graph_rows[0][:bs], self.graph_rows[1][:bs])
+        return self.graph_row_views[bs]
 
     def _new_decoder(self, bs: int, use_cuda_graph: bool) -> LocksDecode:
         return LocksDecode(self.config, self.locks_workspace, self.num_qo_heads, self.num_kv_heads,
@@ -199,8 +207,9 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
                            candidates=self.graph_candidates if use_cuda_graph else None)
 
     def _plan_decode(self, fb, decoder: LocksDecode, rows, max_pages, check_stale: bool = True) -> None:
+        """rows: _row_buffers of exactly the step's batch size."""
         bs = fb.batch_size
-        self.locks_seq_lens, self.short_rows = rows[0][:bs], rows[1][:bs]
+        self.locks_seq_lens, self.short_rows = rows
         lens_cpu = fb.seq_lens_cpu[:bs]
         locks_lens = lens_cpu
         if self.dense_rows:
