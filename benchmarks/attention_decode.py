@@ -192,9 +192,9 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
 
         def select_step():  # aggregate, page keys, radix top-k and page entries: one kernel
             for _ in range(layers):
-                selected_indices_triton(*parts, *tables, dec.sparse.indptr, dec.sparse.indices, dec.sparse.last_page_len,
-                                        hkv, *forced,
-                                        cfg.budget_pages, dec.selection_state, candidates)
+                sparse = dec.sparse
+                selected_indices_triton(*parts, *tables, sparse.indptr, sparse.indices, sparse.last_page_len, hkv,
+                                        *forced, cfg.budget_pages, dec.selection_state, candidates)
 
         def attend_step():
             for layer in range(layers):

@@ -25,7 +25,8 @@ def main(path="benchmarks/results/e2e_decode.json", out="benchmarks/results/e2e_
         ax.text(i + w / 2, r["locks_ms"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, labels, fontsize=6)
     ax.set_ylabel("decode ms per step (median)")
-    ax.set_title(f"{d['gpu']}, budget {rows[0]['budget'] if rows else '-'}, {d['date'][:10]} (git {d.get('git', 'see JSON')})", fontsize=9)
+    ax.set_title(f"{d['gpu']}, budget {rows[0]['budget'] if rows else '-'}, {d['date'][:10]} "
+                 f"(git {d.get('git', 'see JSON')})", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

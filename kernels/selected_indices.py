@@ -2,8 +2,9 @@
 
 Output. Row (b, h) of the sparse decode attends 16-token pages of KV head h:
 its selected sealed pages (all of them, in logical order, when they fit in
-the budget), then the unsealed tail page (0-15 tokens; plan() gives FlashInfer
-its length). The token-major cache [slots, H_kv, d] is viewed as pages of one
+the budget), then the unsealed tail page (0-15 tokens), and the length of its
+last page goes to FlashInfer's last_page_len (so that plan() need not copy it
+every step). The token-major cache [slots, H_kv, d] is viewed as pages of one
 KV head (sparse_decode.per_head_pages): entry slot * H_kv + h is the page
 whose first token is slot.
 
@@ -235,7 +236,8 @@ _STAGES = {"pages": 0, "candidates": 1, "among_candidates": 2}
 
 
 def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens, indptr,
-                   indices, last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state):
+                   indices, last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages,
+                   state):
     bsz, hq, width = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
@@ -273,17 +275,18 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
 
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
-                            last_page_len, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state: SelectionState,
-                            candidates: torch.Tensor = None):
+                            last_page_len, num_kv_heads, sink_pages, local_pages, mode, budget_pages,
+                            state: SelectionState, candidates: torch.Tensor = None):
     """Select and write page entries, from the scoring kernel's outputs.
 
     scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton,
     all chunks merged); indptr [B * H_kv + 1] in pages (selection.selected_pages).
     Writes each row's entries at indptr: its top pages in logical order, then its
     tail page; and the length of its last page (the tail's, or 16) at
-    last_page_len[row] (int32, >= B * H_kv). With candidates [2, >= B * H_kv, M] (candidate_pages_triton's
-    list), scores are in candidate order [B, Hq, M] and the top pages are
-    chosen among each row's candidates, in candidate (= logical) order.
+    last_page_len[row] (int32, >= B * H_kv). With candidates [2, >= B * H_kv, M]
+    (candidate_pages_triton's list), scores are in candidate order [B, Hq, M]
+    and the top pages are chosen among each row's candidates, in candidate
+    (= logical) order.
     """
     stage = "pages" if candidates is None else "among_candidates"
     rows = scores.shape[0] * num_kv_heads
