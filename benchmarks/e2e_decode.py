@@ -2,7 +2,7 @@
 
     python benchmarks/e2e_decode.py --out $OUT/e2e_decode.json [--only bench_one_batch|synthetic] [--dry-run]
 
-Two tools, both SGLang's model runner with dummy weights:
+Three tools, all with dummy weights:
 
 * ``bench_one_batch``: ``python -m sglang.bench_one_batch`` itself (prefill, then
   decode; median decode step), started after ``load_plugins()`` because
@@ -13,13 +13,19 @@ Two tools, both SGLang's model runner with dummy weights:
   (``req.prefix_indices``, the way a radix-cache hit arrives) whose KV pages
   and summaries are filled with random values; only the last 16 tokens are
   prefilled. Its 128K rows are there to compare with bench_one_batch's.
+* ``bench_serving``: ``python -m sglang.bench_serving`` (random token ids,
+  ``--max-concurrency`` = batch, one warm-up request) against
+  ``sglang.launch_server``: what a user of the server sees, the overlap
+  scheduler included, which hides host work behind the GPU (the two tools
+  above wait for each step). Its times are the median inter-token latency.
 
 Each (model, mode, batch) runs in its own process; rows with a failure carry
 ``error``. Output: header ``gpu``, ``git``, ``date``, ``command``; ``rows`` with
 ``shape``, ``batch``, ``context``, ``budget``, ``fullkv_ms``, ``locks_ms``,
 ``speedup`` (median decode step), ``fullkv_mean_ms``, ``locks_mean_ms``,
 ``speedup_mean`` (mean step, synthetic only: it counts the steps that
-summarise decode-sealed pages), ``tool``.
+summarise decode-sealed pages; bench_serving: mean inter-token latency),
+``tool``.
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ import argparse
 import datetime
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KIT = os.path.join(os.path.dirname(HERE), ".gpu-kit")
@@ -48,8 +57,12 @@ PLAN = [
     ("synthetic", "llama8b", 4, [32 * K, 128 * K]),
     # 1M - 1K: the server's --context-length (context + HEADROOM) may not pass GLM's 1M positions.
     ("synthetic", "glm4-9b-1m", 1, [32 * K, 64 * K, 128 * K, 256 * K, 512 * K, 1023 * K]),
+    ("bench_serving", "llama8b", 1, [32 * K, 128 * K, 256 * K]),
+    ("bench_serving", "llama8b", 4, [32 * K]),
 ]
 OUTPUT_LEN = 32
+SERVING_OUTPUT_LEN = 128  # tokens per request: inter-token latencies to take the median of
+SERVER_PORT = 30021
 HEADROOM = 1024  # --context-length beyond the longest context: the decoded tokens
 LOAD_PLUGINS_THEN = "from sglang.srt.plugins import load_plugins; load_plugins(); import runpy; runpy.run_module({!r}, run_name='__main__')"
 
@@ -73,6 +86,106 @@ def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget
     profile = ["--profile-dir", profile_dir, "--profile-tag", f"{shape}_bs{batch}_{max(contexts)}_{mode}"] if profile_dir else []
     return [sys.executable, os.path.abspath(__file__), "--synthetic-worker", "--result", result,
             "--batch", str(batch), "--contexts", ",".join(map(str, contexts)), *profile, "--", *flags]
+
+
+def full_vocab_model(shape: str, folder: str) -> str:
+    """The kit's dummy model with a stand-in tokenizer of one word per token id of the model's vocabulary
+    (the kit's has 1000 and decodes the others to nothing: bench_serving counts a streamed token only
+    when the text grows). Returns the model folder."""
+    src = os.path.join(KIT, MODELS[shape])
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(src):
+        if name != "tokenizer.json":
+            shutil.copyfile(os.path.join(src, name), os.path.join(folder, name))
+    with open(os.path.join(src, "tokenizer.json")) as f:
+        tokenizer = json.load(f)
+    with open(os.path.join(src, "config.json")) as f:
+        vocab_size = json.load(f)["vocab_size"]
+    vocab = tokenizer["model"]["vocab"]
+    vocab.update({f"t{i}": i for i in range(len(vocab), vocab_size)})
+    with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer, f)
+    return folder
+
+
+def serving_commands(shape: str, mode: str, batch: int, contexts: list, budget: int, locks_args: tuple = (),
+                     port: int = SERVER_PORT, model: str = None) -> tuple:
+    """(launch_server command, {context: bench_serving command minus its --output-file}); model: a
+    full_vocab_model folder for the kit's."""
+    flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args)
+    if model:
+        flags[flags.index("--model-path") + 1] = model
+    model = flags[flags.index("--model-path") + 1]
+    server = [sys.executable, "-m", "sglang.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
+    clients = {c: [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
+                   "--port", str(port), "--model", model, "--tokenizer", model, "--dataset-name", "random-ids",
+                   "--tokenize-prompt", "--random-input-len", str(c), "--random-output-len", str(SERVING_OUTPUT_LEN),
+                   "--random-range-ratio", "1", "--num-prompts", str(2 * batch), "--max-concurrency", str(batch),
+                   "--warmup-requests", "1", "--disable-tqdm"] for c in contexts}
+    return server, clients
+
+
+def run_serving(server: list, clients: dict, result: str, timeout: int) -> tuple:
+    """Start the server, run bench_serving per context, append its median / mean inter-token latency
+    (seconds) to result as read_step_times reads them. Returns (log, exit status)."""
+    log, status = [], 0
+    t0 = time.time()
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(server, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            while not _healthy(server[server.index("--port") + 1]):
+                if proc.poll() is not None or time.time() - t0 > timeout:
+                    log.append("server did not come up")
+                    return "\n".join(log), proc.returncode or 1
+                time.sleep(2)
+            for context, cmd in clients.items():
+                with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
+                    metrics = f.name
+                try:
+                    client = subprocess.run([*cmd, "--output-file", metrics], capture_output=True, text=True,
+                                            timeout=max(1, timeout - (time.time() - t0)))
+                except subprocess.TimeoutExpired:
+                    log.append(" ".join(cmd) + f"\ntimed out after {timeout} s")
+                    return "\n".join(log), 124
+                log.append(" ".join(cmd) + "\n" + client.stdout + client.stderr)
+                with open(metrics) as f:
+                    lines = [json.loads(line) for line in f if line.strip()]
+                os.unlink(metrics)
+                if client.returncode or not lines or not lines[-1].get("completed"):
+                    status = client.returncode or 1
+                    continue
+                m = lines[-1]
+                with open(result, "a") as f:
+                    f.write(json.dumps(dict(input_len=context, median_decode_latency=m["median_itl_ms"] / 1000,
+                                            mean_decode_latency=m["mean_itl_ms"] / 1000)) + "\n")
+        finally:
+            _stop(proc)
+            log.insert(0, " ".join(server) + "\n" + _server_log(out))
+    return "\n".join(log), status
+
+
+def _stop(proc) -> None:
+    """SIGTERM to the server's process group (its scheduler and detokenizer too), SIGKILL after a minute."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
+
+
+def _healthy(port: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return r.status == 200
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+def _server_log(out) -> str:
+    out.seek(0)
+    return out.read()
 
 
 def read_step_times(result: str) -> dict:
@@ -141,23 +254,33 @@ def run_plan(args, save=lambda rows: None) -> list:
             with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
                 result = f.name
             os.unlink(result)
-            cmd = command(tool, shape, mode, batch, contexts, args.budget, result,
-                          args.log_dir if args.profile else None, tuple(args.locks_args.split()))
-            print("e2e_decode:", " ".join(cmd), flush=True)
+            locks_args = tuple(args.locks_args.split())
+            if tool == "bench_serving":
+                cmd = serving_commands(shape, mode, batch, contexts, args.budget, locks_args,
+                                       model=full_vocab_model(shape, tempfile.mkdtemp(prefix=f"locks_e2e_{shape}_")))
+                print("e2e_decode:", " ".join(cmd[0]), "; then per context:", " ".join(next(iter(cmd[1].values()))),
+                      flush=True)
+            else:
+                cmd = command(tool, shape, mode, batch, contexts, args.budget, result,
+                              args.log_dir if args.profile else None, locks_args)
+                print("e2e_decode:", " ".join(cmd), flush=True)
             if args.dry_run:
                 times[mode] = {}
                 continue
             t0 = time.time()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            log = proc.stdout + proc.stderr
+            if tool == "bench_serving":
+                log, returncode = run_serving(*cmd, result, args.timeout)
+            else:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                log, returncode = proc.stdout + proc.stderr, proc.returncode
             if args.log_dir:
                 # The case's position keeps a case repeated in one run from overwriting its logs.
                 name = f"{n}_{tool}_{shape}_bs{batch}_{max(contexts)}_{mode}.log"
                 with open(os.path.join(args.log_dir, name), "w") as f:
                     f.write(log)
             times[mode] = read_step_times(result)
-            if proc.returncode:
-                errors[mode] = f"exit {proc.returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}"
+            if returncode:
+                errors[mode] = f"exit {returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}"
             print(f"e2e_decode: {tool} {shape} bs={batch} {mode}: {times[mode]} ({time.time() - t0:.0f} s)",
                   flush=True)
         case_rows = merge_rows(tool, shape, batch, contexts, args.budget, times["fullkv"], times["locks"], errors)
