@@ -247,6 +247,11 @@ def selected_cases(only, cases) -> list:
 def run_plan(args, save=lambda rows: None) -> list:
     """Rows of every selected case; save(rows) after each case, so that a run cut short (a time
     limit) keeps the cases it finished."""
+    with tempfile.TemporaryDirectory(prefix="locks_e2e_") as scratch:
+        return _run_cases(args, save, scratch)
+
+
+def _run_cases(args, save, scratch: str) -> list:
     rows = []
     for n, (tool, shape, batch, contexts) in enumerate(selected_cases(args.only, args.case)):
         times, errors = {}, {}
@@ -257,7 +262,7 @@ def run_plan(args, save=lambda rows: None) -> list:
             locks_args = tuple(args.locks_args.split())
             if tool == "bench_serving":
                 cmd = serving_commands(shape, mode, batch, contexts, args.budget, locks_args,
-                                       model=full_vocab_model(shape, tempfile.mkdtemp(prefix=f"locks_e2e_{shape}_")))
+                                       model=full_vocab_model(shape, os.path.join(scratch, shape)))
                 print("e2e_decode:", " ".join(cmd[0]), "; then per context:", " ".join(next(iter(cmd[1].values()))),
                       flush=True)
             else:
