@@ -67,8 +67,10 @@ HEADROOM = 1024  # --context-length beyond the longest context: the decoded toke
 LOAD_PLUGINS_THEN = "from sglang.srt.plugins import load_plugins; load_plugins(); import runpy; runpy.run_module({!r}, run_name='__main__')"
 
 
-def sglang_flags(shape: str, mode: str, batch: int, max_context: int, budget: int, locks_args: tuple = ()) -> list:
-    flags = ["--model-path", os.path.join(KIT, MODELS[shape]), "--load-format", "dummy",
+def sglang_flags(shape: str, mode: str, batch: int, max_context: int, budget: int, locks_args: tuple = (),
+                 model: str = None) -> list:
+    """model: another folder for the shape's (default: the kit's dummy model)."""
+    flags = ["--model-path", model or os.path.join(KIT, MODELS[shape]), "--load-format", "dummy",
              "--context-length", str(max_context + HEADROOM), "--mem-fraction-static", "0.8",
              "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", str(batch)]
     if mode == "locks":
@@ -108,14 +110,11 @@ def full_vocab_model(shape: str, folder: str) -> str:
     return folder
 
 
-def serving_commands(shape: str, mode: str, batch: int, contexts: list, budget: int, locks_args: tuple = (),
-                     port: int = SERVER_PORT, model: str = None) -> tuple:
-    """(launch_server command, {context: bench_serving command minus its --output-file}); model: a
-    full_vocab_model folder for the kit's."""
-    flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args)
-    if model:
-        flags[flags.index("--model-path") + 1] = model
-    model = flags[flags.index("--model-path") + 1]
+def serving_commands(shape: str, mode: str, batch: int, contexts: list, budget: int, locks_args: tuple, model: str,
+                     port: int = SERVER_PORT) -> tuple:
+    """(launch_server command, {context: bench_serving command minus its --output-file}); model: the
+    shape's full_vocab_model folder."""
+    flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args, model)
     server = [sys.executable, "-m", "sglang.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
     clients = {c: [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
                    "--port", str(port), "--model", model, "--tokenizer", model, "--dataset-name", "random-ids",
@@ -255,14 +254,15 @@ def _run_cases(args, save, scratch: str) -> list:
     rows = []
     for n, (tool, shape, batch, contexts) in enumerate(selected_cases(args.only, args.case)):
         times, errors = {}, {}
+        if tool == "bench_serving":
+            model = full_vocab_model(shape, os.path.join(scratch, shape))
         for mode in ("fullkv", "locks"):
             with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
                 result = f.name
             os.unlink(result)
             locks_args = tuple(args.locks_args.split())
             if tool == "bench_serving":
-                cmd = serving_commands(shape, mode, batch, contexts, args.budget, locks_args,
-                                       model=full_vocab_model(shape, os.path.join(scratch, shape)))
+                cmd = serving_commands(shape, mode, batch, contexts, args.budget, locks_args, model)
                 print("e2e_decode:", " ".join(cmd[0]), "; then per context:", " ".join(next(iter(cmd[1].values()))),
                       flush=True)
             else:

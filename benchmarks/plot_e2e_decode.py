@@ -24,7 +24,7 @@ def main(path="benchmarks/results/e2e_decode.json", out="benchmarks/results/e2e_
     for i, r in zip(x, rows):
         ax.text(i + w / 2, r["locks_ms"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, labels, fontsize=6)
-    ax.set_ylabel("decode ms per step (median)")
+    ax.set_ylabel("decode ms per token (median step; bench_serving: inter-token latency)", fontsize=8)
     ax.set_title(f"{d['gpu']}, budget {rows[0]['budget'] if rows else '-'}, {d['date'][:10]} "
                  f"(git {d.get('git', 'see JSON')})", fontsize=9)
     ax.legend(fontsize=7)
