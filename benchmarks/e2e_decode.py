@@ -23,9 +23,9 @@ Each (model, mode, batch) runs in its own process; rows with a failure carry
 ``error``. Output: header ``gpu``, ``git``, ``date``, ``command``; ``rows`` with
 ``shape``, ``batch``, ``context``, ``budget``, ``fullkv_ms``, ``locks_ms``,
 ``speedup`` (median decode step), ``fullkv_mean_ms``, ``locks_mean_ms``,
-``speedup_mean`` (mean step, synthetic only: it counts the steps that
-summarise decode-sealed pages; bench_serving: mean inter-token latency),
-``tool``.
+``speedup_mean`` (synthetic: the mean step, which counts the steps that
+summarise decode-sealed pages; bench_serving: the mean inter-token latency;
+bench_one_batch reports none), ``tool``.
 """
 
 from __future__ import annotations
