@@ -41,6 +41,30 @@ _LOG2E = tl.constexpr(LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
+# Four bytes holding two int4 each (low nibble: element k, high: k + d/2) -> int8 16 x the low and the high
+# elements: the nibbles moved to the top of a byte, four bytes per 32-bit instruction.
+INT4_TO_INT8X16_PTX = tl.constexpr("""
+{
+shl.b32 $0, $2, 4;
+and.b32 $0, $0, 0xF0F0F0F0;
+and.b32 $1, $2, 0xF0F0F0F0;
+}
+""")
+# Four int8 -> four exact fp16: xor 0x80 gives b + 128 in [0, 255], and the byte 0x64 above it makes the
+# half 1024 + that (a plain conversion is one quarter-rate instruction per value).
+INT8_TO_F16_PTX = tl.constexpr("""
+{
+.reg .b32 y, mag, off;
+mov.b32 mag, 0x64646464;
+mov.b32 off, 0x64806480;
+xor.b32 y, $2, 0x80808080;
+prmt.b32 $0, y, mag, 0x5140;
+prmt.b32 $1, y, mag, 0x5342;
+sub.f16x2 $0, $0, off;
+sub.f16x2 $1, $1, off;
+}
+""")
+
 # Integer-to-float conversion of the summaries (constexpr CVT): 0 float32 casts (Triton's
 # interpreter, whose fp16/bf16 dots are unreliable), 1 fp16 casts, 2 fp16 by the PTX magic-number
 # trick (the default on GPUs).
@@ -116,13 +140,7 @@ def _int4_to_int8x16(x, CVT: tl.constexpr):
     8-bit shifts unpack and repack every byte)."""
     if CVT == 2:
         lo, hi = tl.inline_asm_elementwise(
-            asm="""
-            {
-            shl.b32 $0, $2, 4;
-            and.b32 $0, $0, 0xF0F0F0F0;
-            and.b32 $1, $2, 0xF0F0F0F0;
-            }
-            """,
+            asm=INT4_TO_INT8X16_PTX,
             constraints="=r,=r,r",
             args=[x],
             dtype=(tl.int8, tl.int8),
@@ -138,20 +156,8 @@ def _int4_to_int8x16(x, CVT: tl.constexpr):
 @triton.jit
 def _int8_to_f16(x, CVT: tl.constexpr):
     if CVT == 2:
-        # xor 0x80 gives b + 128 in [0, 255]; the byte 0x64 above it makes the half 1024 + that.
         y = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 y, mag, off;
-            mov.b32 mag, 0x64646464;
-            mov.b32 off, 0x64806480;
-            xor.b32 y, $2, 0x80808080;
-            prmt.b32 $0, y, mag, 0x5140;
-            prmt.b32 $1, y, mag, 0x5342;
-            sub.f16x2 $0, $0, off;
-            sub.f16x2 $1, $1, off;
-            }
-            """,
+            asm=INT8_TO_F16_PTX,
             constraints="=r,=r,r",
             args=[x],
             dtype=tl.float16,

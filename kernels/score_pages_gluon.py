@@ -1,0 +1,332 @@
+"""score_pages's "full" launch in Gluon: int8-int4-int8 summaries of rank 8, the sealed pages on the
+tensor cores' rows.
+
+The Triton kernel (score_pages.py) multiplies the query rows (G heads x two
+int8 planes, padded to 16) by each page's basis; at G = 4 half of every tile
+is padding, and its summary loads wait in registers with nothing to overlap
+them. Here, per pair of pages and KV head, on one warp:
+
+  1. P = [V_a; V_b] q: int8 mma with the two pages' 16 basis rows (page, rank)
+     as A, unpacked from int4 in registers, and the query columns (head, plane)
+     as B (N = 2 G >= 8): no padded rows at G >= 4.
+  2. The planes add up in integers (254 q1 + q2: the columns of one head are
+     one thread's registers), scaled per row (coefficient scale) and column
+     (head) to fp16: the B operand (K = the pair's 16 (page, rank)) of the
+     per-key mma, block-diagonal over the two pages, whose A is the 16 keys'
+     coefficients of both pages.
+  3. Each page's log-sum-exp over its keys; + q . mu from an int8 mma with the
+     step's centroids as the rows of A.
+
+Summary bytes reach shared memory by cp.async, 16 bytes per copy, one step
+ahead (two stages), the page ids of the step after that loaded meanwhile;
+the operands are read from shared memory. One warp per program.
+
+Measured on the H200 (benchmarks/results/score_gluon_probe_*.json), one layer
+bs=1, against score_pages_triton in the same run: Llama-3.1-8B 128K (G = 4)
+18.9-19.7 us vs 27.7-27.9 us (68 % of copy bandwidth), GLM-4-9B-1M 1M (G =
+16) 58.6-58.9 us vs 73.6-73.9 us; static SASS of the page loop 70 vs 152
+instructions per (page, KV head) at G = 4. Scores equal the Triton kernel's
+to its error against the float64 reference (GQA groups 1-16).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from ._triton import interpreted
+from .score_pages import INT4_TO_INT8X16_PTX, INT8_TO_F16_PTX, score_chunks
+
+# One warp per program, 4 page pairs per step, two shared-memory stages: the fastest of the H200 probe
+# (1-4 warps, 2-8 pairs, 2-3 stages, chunks of 32-128 pages).
+STEP_PAIRS = 4
+SMEM_STAGES = 2
+
+_LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _unpack_int4_x16(x):
+    return gl.inline_asm_elementwise(asm=INT4_TO_INT8X16_PTX, constraints="=r,=r,r", args=[x],
+                                     dtype=(gl.int8, gl.int8), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _int8_to_f16(x):
+    return gl.inline_asm_elementwise(asm=INT8_TO_F16_PTX, constraints="=r,=r,r", args=[x], dtype=gl.float16,
+                                     is_pure=True, pack=4)
+
+
+@gluon.jit
+def _lg2(x):
+    return gl.inline_asm_elementwise(asm="lg2.approx.ftz.f32 $0, $1;", constraints="=r,r", args=[x],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _idx3(N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, layout: gl.constexpr):
+    i0 = gl.arange(0, N0, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+    i1 = gl.arange(0, N1, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    i2 = gl.arange(0, N2, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    return (gl.expand_dims(gl.expand_dims(i0, 1), 2), gl.expand_dims(gl.expand_dims(i1, 0), 2),
+            gl.expand_dims(gl.expand_dims(i2, 0), 1))
+
+
+@gluon.jit
+def _idx2(N0: gl.constexpr, N1: gl.constexpr, layout: gl.constexpr):
+    i0 = gl.arange(0, N0, layout=gl.SliceLayout(1, layout))
+    i1 = gl.arange(0, N1, layout=gl.SliceLayout(0, layout))
+    return gl.expand_dims(i0, 1), gl.expand_dims(i1, 0)
+
+
+@gluon.jit
+def _rec(table, h, p, n_last, HKV: gl.constexpr, PAGE: gl.constexpr):
+    """Summary record (page id * HKV + h) of item p (clamped to the chunk's last)."""
+    slot = gl.load(table + gl.minimum(p, n_last) * PAGE)
+    return slot // PAGE * HKV + h
+
+
+@gluon.constexpr_function
+def _copy_layout(BP, num_warps, rank, vec):
+    """Copy layouts: each thread copies vec elements of one page, pages over (warp, thread // TP)."""
+    BP, num_warps, rank, vec = (getattr(x, "value", x) for x in (BP, num_warps, rank, vec))
+    ppw = BP // num_warps                 # pages per warp
+    tp = 32 // ppw                        # threads per page
+    if rank == 3:
+        return gl.BlockedLayout([1, 1, vec], [ppw, 1, tp], [num_warps, 1, 1], [2, 1, 0])
+    return gl.BlockedLayout([1, vec], [ppw, tp], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _step_records(table, h, p0, n_last, BP: gl.constexpr, HKV: gl.constexpr, PAGE: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """Summary records of a step's pages, one per copying thread."""
+    cpv: gl.constexpr = _copy_layout(BP, num_warps, 3, 16)
+    j = gl.arange(0, BP, layout=gl.SliceLayout(1, gl.SliceLayout(2, cpv)))
+    return _rec(table, h, p0 + j, n_last, HKV, PAGE)
+
+
+@gluon.jit
+def _stage_copy(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr,
+                rec, BP: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, num_warps: gl.constexpr):
+    """cp.async of one step's summaries (records rec [BP]) into one stage, 16 bytes per copy."""
+    R: gl.constexpr = 8
+    HALF: gl.constexpr = D // 2
+    cpv: gl.constexpr = _copy_layout(BP, num_warps, 3, 16)
+    cpm: gl.constexpr = _copy_layout(BP, num_warps, 2, 16)
+    cps: gl.constexpr = _copy_layout(BP, num_warps, 2, 2)
+    r3 = gl.expand_dims(gl.expand_dims(rec, 1), 2)
+    # basis [BP, 8 ranks, 64 bytes], coefficients [BP, 8 ranks, 16 keys]
+    _, i, k = _idx3(BP, R, HALF, cpv)
+    async_copy.async_copy_global_to_shared(smem_v, basis_ptr + (r3 * R + i) * HALF + k)
+    _, i, k = _idx3(BP, R, PAGE, cpv)
+    async_copy.async_copy_global_to_shared(smem_c, coef_ptr + r3 * (R * PAGE) + i * PAGE + k)
+    # centroids [BP, D] (rows BP.. of the stage stay zero), coefficient scales [BP, 8], centroid scales [BP]
+    r2 = gl.expand_dims(gl.convert_layout(rec, gl.SliceLayout(1, cpm)), 1)
+    _, mk = _idx2(BP, D, cpm)
+    async_copy.async_copy_global_to_shared(smem_m.slice(0, BP, 0), mu_ptr + r2 * D + mk)
+    rs = gl.convert_layout(rec, gl.SliceLayout(1, cps))
+    _, sk = _idx2(BP, R, cps)
+    async_copy.async_copy_global_to_shared(smem_s, coef_scale_ptr + gl.expand_dims(rs, 1) * R + sk)
+    async_copy.async_copy_global_to_shared(smem_u.slice(0, BP, 0), mu_scale_ptr + rs)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _score_pages_gluon_kernel(
+    q_ptr, stride_qb, stride_qh,
+    mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
+    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
+    scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
+    max_pages, n_chunks, scale_log2,
+    HKV: gl.constexpr, G: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, NC: gl.constexpr,
+    PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    R: gl.constexpr = 8
+    HALF: gl.constexpr = D // 2
+    GH: gl.constexpr = NC // 2          # query heads, padded
+    BP: gl.constexpr = 2 * PAIRS        # pages per step
+    MU_ROWS: gl.constexpr = 16 if BP < 16 else BP
+    mma3: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1, 1],
+                                                  instr_shape=[1, 16, 8])
+    mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, 8])
+    a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma3, k_width=4)
+    b8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma3, k_width=4)
+    a16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma3, k_width=2)
+    b16: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma3, k_width=2)
+    a8m: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=4)
+    b8m: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma2, k_width=4)
+    blk: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[4, 8],
+                                         warps_per_cta=[1, num_warps], order=[0, 1])
+    # Shared memory: STAGES steps of summaries. Rows of 16-byte copies; the basis rows swizzled so that
+    # the eight rows one mma fragment reads hit distinct banks.
+    sw_v: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=2, max_phase=4, order=[2, 1, 0])
+    flat3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    smem_v = gl.allocate_shared_memory(gl.uint8, [STAGES, BP, R, HALF], sw_v)
+    smem_c = gl.allocate_shared_memory(gl.int8, [STAGES, BP, R, PAGE], flat3)
+    smem_m = gl.allocate_shared_memory(gl.int8, [STAGES, MU_ROWS, D], flat2)
+    smem_s = gl.allocate_shared_memory(gl.float32, [STAGES, BP, R], flat2)
+    smem_u = gl.allocate_shared_memory(gl.float32, [STAGES, MU_ROWS], flat1)
+
+    row = gl.program_id(0)
+    chunk = gl.program_id(1)
+    b = row // HKV
+    h = row % HKV
+    n_sealed = gl.minimum(gl.load(seq_lens_ptr + b) // PAGE, max_pages)
+    table = req_to_token_ptr + gl.load(req_pool_ptr + b).to(gl.int64) * stride_rt
+    row_chunk = gl.cdiv(gl.cdiv(n_sealed, n_chunks), BP) * BP
+    start = chunk * row_chunk
+    end = gl.minimum(start + row_chunk, n_sealed)
+    n_last = gl.maximum(end - 1, 0)
+    n_steps = gl.cdiv(end - start, BP)
+
+    if BP < MU_ROWS:  # centroid rows past the step's pages stay zero
+        zl2: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
+        for z in gl.static_range(STAGES):
+            smem_m.index(z).store(gl.zeros([MU_ROWS, D], gl.int8, zl2))
+            smem_u.index(z).store(gl.zeros([MU_ROWS], gl.float32, gl.BlockedLayout([1], [32], [num_warps], [0])))
+    # Prologue: the first STAGES - 1 steps in flight, the records of the next one loaded.
+    for z in gl.static_range(STAGES - 1):
+        rec = _step_records(table, h, start + z * BP, n_last, BP, HKV, PAGE, num_warps)
+        _stage_copy(smem_v.index(z), smem_c.index(z), smem_m.index(z), smem_s.index(z), smem_u.index(z),
+                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec, BP, D, PAGE, num_warps)
+    rec_next = _step_records(table, h, start + (STAGES - 1) * BP, n_last, BP, HKV, PAGE, num_warps)
+
+    # Query columns n = 2 head + plane: q1 = round(q / s) (plane 0), q2 = round((q / s - q1) * 254).
+    qk, qn = _idx2(HALF, NC, blk)
+    head = qn // 2
+    ptr = q_ptr + b * stride_qb + (h * G + gl.minimum(head, G - 1)) * stride_qh + qk
+    lo = gl.load(ptr, mask=head < G, other=0.0).to(gl.float32)
+    hi = gl.load(ptr + HALF, mask=head < G, other=0.0).to(gl.float32)
+    amax = gl.maximum(gl.max(gl.abs(lo), 0), gl.max(gl.abs(hi), 0))
+    s1 = gl.where(amax > 0, amax / 127.0, 1.0)
+    n1 = gl.arange(0, NC, layout=gl.SliceLayout(0, blk))
+    w1 = gl.where(n1 % 2 == 0, s1, s1 / 254.0) * scale_log2         # [NC] column weight (centroid term)
+    # the layout of the basis product's two planes once split (columns 2 head + plane)
+    spl: gl.constexpr = gl.split(gl.reshape(gl.zeros([PAIRS, 16, NC], gl.int32, mma3), [PAIRS, 16, GH, 2]))[0].type.layout
+    wh = gl.convert_layout(gl.max(gl.reshape(s1, [GH, 2]), 1), gl.SliceLayout(0, gl.SliceLayout(0, spl)))
+    w3 = gl.expand_dims(gl.expand_dims(wh * (scale_log2 / 254.0), 0), 0)   # [1, 1, GH]: head weight
+    s = gl.expand_dims(s1, 0)
+    lo = lo / s
+    hi = hi / s
+    lo1 = gl.floor(lo + 0.5)
+    hi1 = gl.floor(hi + 0.5)
+    first = (qn % 2) == 0
+    q_lo = gl.where(first, lo1, gl.floor((lo - lo1) * 254.0 + 0.5)).to(gl.int8)
+    q_hi = gl.where(first, hi1, gl.floor((hi - hi1) * 254.0 + 0.5)).to(gl.int8)
+    zb = gl.zeros([PAIRS, HALF, NC], gl.int8, b8)
+    qb_lo = gl.expand_dims(gl.convert_layout(q_lo, gl.SliceLayout(0, b8)), 0) + zb
+    qb_hi = gl.expand_dims(gl.convert_layout(q_hi, gl.SliceLayout(0, b8)), 0) + zb
+    qm_lo = gl.convert_layout(q_lo, b8m)
+    qm_hi = gl.convert_layout(q_hi, b8m)
+    wm = gl.expand_dims(gl.convert_layout(w1, gl.SliceLayout(0, mma2)), 0)
+
+    bj, bk, bn = _idx3(PAIRS, 16, NC, b16)
+    b_live = (bk // R) == (bn // GH)
+    # Score positions [BP, GH], one per thread (BP * GH = 32: no replicated epilogue).
+    ep: gl.constexpr = gl.BlockedLayout([1, 1], [32 // GH, GH], [num_warps, 1], [1, 0])  # BP * GH >= 32 * num_warps
+    pos_page, pos_head = _idx2(BP, GH, ep)
+    pos_page, pos_head = gl.broadcast(pos_page, pos_head)
+    out_row = (b * HKV * G + h * G + pos_head).to(gl.int64)
+    run_m = gl.where(pos_head >= 0, float("-inf"), 0.0)
+    run_s = gl.zeros_like(run_m)
+
+    for it in range(n_steps):
+        # the step STAGES - 1 ahead into the stage read last step (every thread is past its reads)
+        gl.thread_barrier()
+        ns = (it + STAGES - 1) % STAGES
+        _stage_copy(smem_v.index(ns), smem_c.index(ns), smem_m.index(ns), smem_s.index(ns), smem_u.index(ns),
+                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec_next, BP, D, PAGE, num_warps)
+        # the page ids a step further ahead: their loads overlap this step
+        rec_next = _step_records(table, h, start + (it + STAGES) * BP, n_last, BP, HKV, PAGE, num_warps)
+        async_copy.wait_group(STAGES - 1)
+        gl.thread_barrier()
+        st = it % STAGES
+        p0 = start + it * BP
+
+        vb = smem_v.index(st).reshape([PAIRS, 16, HALF]).load(a8)
+        cs = gl.expand_dims(smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(2, spl)), 2) * 0.0625
+        c = smem_c.index(st).reshape([PAIRS, 16, PAGE]).permute([0, 2, 1]).load(a16)
+        mu = smem_m.index(st)
+        mu_lo = mu.slice(0, HALF, 1).load(a8m)
+        mu_hi = mu.slice(HALF, HALF, 1).load(a8m)
+        mu_scale = gl.expand_dims(smem_u.index(st).load(gl.SliceLayout(1, mma2)), 1)
+
+        v_lo, v_hi = _unpack_int4_x16(vb)
+        acc = mma_v2(v_lo, qb_lo, gl.zeros([PAIRS, 16, NC], gl.int32, mma3))
+        acc = mma_v2(v_hi, qb_hi, acc)
+        # the planes add up in integers (columns 2 head + plane: one thread's registers): 254 q1 + q2
+        a0, a1 = gl.split(gl.reshape(acc, [PAIRS, 16, GH, 2]))
+        proj = ((a0 * 254 + a1).to(gl.float32) * cs * w3).to(gl.float16)
+        # B [PAIRS, 16 (page of the pair, rank), 2 GH (page of the pair, head)]: block-diagonal
+        pbd = gl.reshape(gl.permute(gl.join(proj, proj), (0, 1, 3, 2)), [PAIRS, 16, NC])
+        pbd = gl.where(b_live, gl.convert_layout(pbd, b16), 0.0)
+        local = mma_v2(_int8_to_f16(c), pbd, gl.zeros([PAIRS, PAGE, NC], gl.float32, mma3))
+        mass = gl.sum(gl.exp2(gl.minimum(gl.reshape(local, [PAIRS, PAGE, 2, GH]), 120.0)), 1)   # [PAIRS, 2, GH]
+        lse = gl.convert_layout(gl.reshape(_lg2(mass), [BP, GH]), ep)
+
+        qmu = mma_v2(mu_hi, qm_hi, mma_v2(mu_lo, qm_lo, gl.zeros([MU_ROWS, NC], gl.int32, mma2)))
+        qmu = gl.sum(gl.reshape(qmu.to(gl.float32) * wm * mu_scale, [MU_ROWS, GH, 2]), 2)
+        if MU_ROWS != BP:
+            qmu = gl.sum(gl.reshape(qmu, [MU_ROWS // BP, BP, GH]), 0)
+        s2 = lse + gl.convert_layout(qmu, ep)
+
+        p = p0 + pos_page
+        valid = (p < end) & (pos_head < G)
+        s2 = gl.where(valid, s2, float("-inf"))
+        gl.store(scores_ptr + out_row * max_pages + p, s2 * _LN2, mask=valid)
+        bm = gl.maximum(run_m, s2)
+        run_s = run_s * gl.exp2(run_m - bm) + gl.where(valid, gl.exp2(s2 - bm), 0.0)
+        run_m = bm
+    async_copy.wait_group(0)
+
+    hm = gl.max(run_m, 0)
+    hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, 0)), 0.0), 0)
+    gg = gl.arange(0, GH, layout=hm.type.layout)
+    part = (b * HKV * G + h * G + gg).to(gl.int64) * part_stride + part_first + chunk
+    gl.store(part_max_ptr + part, hm * _LN2, mask=gg < G)
+    gl.store(part_sum_ptr + part, hs, mask=gg < G)
+
+
+def gluon_applies(q: torch.Tensor, summaries) -> bool:
+    """Whether score_pages_gluon can score q against summaries (otherwise score_pages_triton)."""
+    group = q.shape[1] // summaries.num_kv_heads
+    return (q.device.type == "cuda" and not interpreted() and torch.cuda.get_device_capability(q.device)[0] >= 8
+            and summaries.quantized and summaries.rank == 8 and q.shape[2] % 64 == 0
+            and group <= 16 and group & (group - 1) == 0)
+
+
+def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, chunk_pages=None,
+                      out=None, pairs=STEP_PAIRS, stages=SMEM_STAGES, num_warps=1):
+    """score_pages_triton's "full" launch (same arguments, outputs and chunking) where gluon_applies.
+    pairs: page pairs per warp and step; stages: steps in shared memory; num_warps: warps per program."""
+    if not gluon_applies(q, summaries):
+        raise ValueError("score_pages_gluon needs a CUDA GPU (sm80+), int8-int4-int8 summaries of rank 8, head_dim "
+                         "a multiple of 64 and a power-of-two group of at most 16 query heads per KV head")
+    bsz, hq, d = q.shape
+    hkv = summaries.num_kv_heads
+    group = hq // hkv
+    chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, 2 * pairs * num_warps, chunk_pages)
+    if out is None:
+        scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
+        part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=q.device)
+        part_sum = torch.empty_like(part_max)
+        first = 0
+    else:
+        scores, part_max, part_sum, first = out
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    _score_pages_gluon_kernel[(bsz * hkv, n_chunks)](
+        q, q.stride(0), q.stride(1),
+        summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
+        req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
+        scores, part_max, part_sum, part_max.shape[-1], first,
+        max_pages, n_chunks, sm_scale * 1.4426950408889634,
+        HKV=hkv, G=group, D=d, PAGE=16, NC=max(8, 2 * group), PAIRS=pairs * num_warps, STAGES=stages, num_warps=num_warps,
+    )
+    return scores, part_max, part_sum
