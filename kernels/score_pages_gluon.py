@@ -239,14 +239,14 @@ def _score_pages_gluon_kernel(
     for it in range(n_steps):
         # the step STAGES - 1 ahead into the stage read last step (every thread is past its reads)
         gl.thread_barrier()
-        ns = (it + STAGES - 1) % STAGES
+        ns = ((it + STAGES - 1) % STAGES).to(gl.int32)   # int64 with SGLang's int64 lengths
         _stage_copy(smem_v.index(ns), smem_c.index(ns), smem_m.index(ns), smem_s.index(ns), smem_u.index(ns),
                     basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec_next, BP, D, PAGE, num_warps)
         # the page ids a step further ahead: their loads overlap this step
         rec_next = _step_records(table, h, start + (it + STAGES) * BP, n_last, BP, HKV, PAGE, num_warps)
         async_copy.wait_group(STAGES - 1)
         gl.thread_barrier()
-        st = it % STAGES
+        st = (it % STAGES).to(gl.int32)
         p0 = start + it * BP
 
         vb = smem_v.index(st).reshape([PAIRS, 16, HALF]).load(a8)

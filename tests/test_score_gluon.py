@@ -96,3 +96,16 @@ def test_score_pages_full_falls_back_to_triton(device):
         score_pages_full(q, *args, kernel="cuda")
     with pytest.raises(ValueError, match="int8-int4-int8 summaries of rank 8"):
         score_pages_gluon(q, *args)
+
+
+@pytest.mark.gpu
+def test_gluon_scores_with_int64_lengths(device):
+    """SGLang's seq_lens and req_pool_indices are int64 (the stage index must stay int32)."""
+    c = random_cache([16 * 90 + 5, 33], 8, 128, device=device, seed=4)
+    q = torch.randn(2, 32, 128, device=device).bfloat16()
+    table = (c["summaries"], c["req_to_token"])
+    want = score_pages_gluon(q, *table, c["req_pool_indices"], c["seq_lens"], 96, 128**-0.5)
+    got = score_pages_gluon(q, *table, c["req_pool_indices"].long(), c["seq_lens"].long(), 96, 128**-0.5)
+    sealed = _sealed(c["seq_lens"], 96).expand_as(want[0])
+    assert torch.equal(got[0][sealed], want[0][sealed])
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
