@@ -462,6 +462,19 @@ def score_chunks(rows: int, items: int, device: torch.device, block_pages: int, 
     return chunk, max(1, triton.cdiv(items, chunk))
 
 
+def score_outputs(bsz: int, hq: int, width: int, n_chunks: int, device, out=None) -> tuple:
+    """(scores [B, Hq, width], part_max, part_sum, first chunk): allocated, or the caller's out checked."""
+    if out is None:
+        part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=device)
+        return torch.empty(bsz, hq, width, dtype=torch.float32, device=device), part_max, torch.empty_like(part_max), 0
+    scores, part_max, part_sum, first = out
+    if scores.shape != (bsz, hq, width):
+        raise ValueError(f"scores must be [{bsz}, {hq}, {width}], got {tuple(scores.shape)}")
+    if first + n_chunks > part_max.shape[-1]:
+        raise ValueError(f"chunks [{first}, {first + n_chunks}) exceed the partials' {part_max.shape[-1]}")
+    return out
+
+
 def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
                        block_pages=None, num_warps=None, num_stages=None, chunk_pages=None,
                        int_conversion="int8", maxnreg=None, terms="full", estimate_rank=0, candidates=None,
@@ -522,17 +535,7 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     maxnreg = launch[3] if maxnreg is None else maxnreg
     n_cand = max_pages if candidates is None else candidates.shape[2]
     chunk_pages, n_chunks = score_chunks(bsz * hkv, n_cand, q.device, block_pages, chunk_pages)
-    if out is None:
-        scores = torch.empty(bsz, hq, n_cand, dtype=torch.float32, device=q.device)
-        part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=q.device)
-        part_sum = torch.empty_like(part_max)
-        first = 0
-    else:
-        scores, part_max, part_sum, first = out
-        if scores.shape != (bsz, hq, n_cand):
-            raise ValueError(f"scores must be [{bsz}, {hq}, {n_cand}], got {tuple(scores.shape)}")
-        if first + n_chunks > part_max.shape[-1]:
-            raise ValueError(f"chunks [{first}, {first + n_chunks}) exceed the partials' {part_max.shape[-1]}")
+    scores, part_max, part_sum, first = score_outputs(bsz, hq, n_cand, n_chunks, q.device, out)
     if estimates is not None and estimates.shape != (bsz, hq, max_pages):
         raise ValueError(f"estimates must be [{bsz}, {hq}, {max_pages}], got {tuple(estimates.shape)}")
     if q.stride(2) != 1:

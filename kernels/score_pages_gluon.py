@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from ._triton import interpreted
-from .score_pages import INT4_TO_INT8X16_PTX, INT8_TO_F16_PTX, score_chunks
+from .score_pages import INT4_TO_INT8X16_PTX, INT8_TO_F16_PTX, LOG2E, score_chunks, score_outputs
 
 # One warp per program, 4 page pairs per step, two shared-memory stages: the fastest of the H200 probe
 # (1-4 warps, 2-8 pairs, 2-3 stages, chunks of 32-128 pages).
@@ -308,17 +308,13 @@ def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
     if not gluon_applies(q, summaries):
         raise ValueError("score_pages_gluon needs a CUDA GPU (sm80+), int8-int4-int8 summaries of rank 8, head_dim "
                          "a multiple of 64 and a power-of-two group of at most 16 query heads per KV head")
+    if pairs not in (1, 2, 4, 8, 16) or num_warps not in (1, 2, 4):
+        raise ValueError(f"pairs must be 1, 2, 4, 8 or 16 and num_warps 1, 2 or 4, got {pairs}, {num_warps}")
     bsz, hq, d = q.shape
     hkv = summaries.num_kv_heads
     group = hq // hkv
     chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, 2 * pairs * num_warps, chunk_pages)
-    if out is None:
-        scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
-        part_max = torch.empty(bsz, hq, n_chunks, dtype=torch.float32, device=q.device)
-        part_sum = torch.empty_like(part_max)
-        first = 0
-    else:
-        scores, part_max, part_sum, first = out
+    scores, part_max, part_sum, first = score_outputs(bsz, hq, max_pages, n_chunks, q.device, out)
     if q.stride(2) != 1:
         q = q.contiguous()
     _score_pages_gluon_kernel[(bsz * hkv, n_chunks)](
@@ -326,7 +322,7 @@ def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum, part_max.shape[-1], first,
-        max_pages, n_chunks, sm_scale * 1.4426950408889634,
+        max_pages, n_chunks, sm_scale * LOG2E,
         HKV=hkv, G=group, D=d, PAGE=16, NC=max(8, 2 * group), PAIRS=pairs * num_warps, STAGES=stages, num_warps=num_warps,
     )
     return scores, part_max, part_sum

@@ -2,6 +2,7 @@
 
 import torch
 
+from sglang_locks.kernels.score_pages import row_chunks
 from sglang_locks.summaries import PageSummaries
 
 
@@ -34,3 +35,19 @@ def random_cache(seq_lens, num_kv_heads, head_dim, precision="int8-int4-int8", r
         req_pool_indices=req_pool_indices[order].to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32)[order].to(device),
     )
+
+
+def assert_chunk_partials(part_max, part_sum, ref, seq_lens, block_pages, tol):
+    """A score launch's chunk partials (max, sum of exp of each program's scores; a row's sealed pages split
+    over its chunks in whole blocks of block_pages) against the float64 reference scores ref [B, Hq, P]."""
+    n_chunks = part_max.shape[-1]
+    lse_ref = torch.full(part_max.shape, float("-inf"), dtype=torch.float64)
+    for b, n in enumerate(seq_lens.tolist()):
+        width = row_chunks(n // 16, n_chunks, block_pages)
+        for j in range(n_chunks):
+            lse_ref[b, :, j] = torch.logsumexp(ref[b, :, j * width : (j + 1) * width].cpu(), -1)
+    lse_ref = lse_ref.to(part_max.device)
+    lse = part_max.double() + part_sum.double().log()
+    fin = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert torch.allclose(lse[fin], lse_ref[fin], atol=tol, rtol=tol)

@@ -4,8 +4,8 @@ which kernel score_pages_full picks (CPU)."""
 import pytest
 import torch
 
-from helpers import random_cache
-from sglang_locks.kernels.score_pages import row_chunks, score_pages_torch, score_pages_triton
+from helpers import assert_chunk_partials, random_cache
+from sglang_locks.kernels.score_pages import score_pages_torch, score_pages_triton
 from sglang_locks.kernels.score_pages_gluon import STEP_PAIRS, gluon_applies, score_pages_gluon
 from sglang_locks.scoring import score_pages_full
 
@@ -35,18 +35,8 @@ def test_gluon_scores_match_float64_reference(seq_lens, hkv, group, chunk_pages,
     assert torch.allclose(scores[finite].double(), ref[finite], atol=1e-3, rtol=1e-3)
     triton_scores = score_pages_triton(q, *args)[0]
     assert torch.allclose(scores[finite], triton_scores[finite], atol=1e-3, rtol=1e-3)
-    # Chunk partials (max, sum of exp) of each program's pages, split in whole steps of 2 * STEP_PAIRS pages.
-    n_chunks = part_max.shape[-1]
-    lse_ref = torch.full(part_max.shape, float("-inf"), dtype=torch.float64)
-    for b, n in enumerate(c["seq_lens"].tolist()):
-        width = row_chunks(n // 16, n_chunks, 2 * STEP_PAIRS)
-        for j in range(n_chunks):
-            lse_ref[b, :, j] = torch.logsumexp(ref[b, :, j * width : (j + 1) * width].cpu(), -1)
-    lse_ref = lse_ref.to(device)
-    lse = part_max.double() + part_sum.double().log()
-    fin = torch.isfinite(lse_ref)
-    assert torch.equal(torch.isfinite(lse), fin)
-    assert torch.allclose(lse[fin], lse_ref[fin], atol=1e-3, rtol=1e-3)
+    # chunk partials: a row's sealed pages split over its programs in whole steps of 2 * STEP_PAIRS pages
+    assert_chunk_partials(part_max, part_sum, ref, c["seq_lens"], 2 * STEP_PAIRS, 1e-3)
 
 
 @pytest.mark.gpu

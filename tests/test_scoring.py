@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import random_cache
+from helpers import assert_chunk_partials, random_cache
 from sglang_locks.config import LocksConfig
 from sglang_locks.kernels.aggregate_scores import (
     aggregate_scores_torch,
@@ -12,7 +12,7 @@ from sglang_locks.kernels.aggregate_scores import (
 )
 from sglang_locks.kernels._triton import interpreted
 from sglang_locks.kernels.aggregate_scores import KEY_SCALE
-from sglang_locks.kernels.score_pages import pipeline_stages, row_chunks, score_pages_torch, score_pages_triton
+from sglang_locks.kernels.score_pages import BLOCK_PAGES, pipeline_stages, score_pages_torch, score_pages_triton
 from sglang_locks.kernels.selected_indices import SelectionState, select_pages_by_key_torch
 from sglang_locks.scoring import candidate_buffer, locks_aggregate_torch, locks_scores_triton, score_pages
 from sglang_locks.summaries import PageSummaries
@@ -45,18 +45,8 @@ def test_score_kernel_matches_float64_reference(seq_lens, hkv, group, precision,
     assert torch.allclose(scores[finite].double(), ref[finite], atol=tol, rtol=tol)
     # Chunk partials: max and sum of exp of each chunk's scores; a row's sealed pages are spread
     # over all n_chunks of its programs.
-    n_chunks = part_max.shape[-1]
-    assert n_chunks == -(-max_pages // chunk)
-    lse_ref = torch.full(part_max.shape, float("-inf"), dtype=torch.float64)
-    for b, n in enumerate(c["seq_lens"].tolist()):  # the batch order of the cache
-        width = row_chunks(n // 16, n_chunks)
-        for j in range(n_chunks):
-            lse_ref[b, :, j] = torch.logsumexp(ref[b, :, j * width : (j + 1) * width].cpu(), -1)
-    lse_ref = lse_ref.to(device)
-    lse = part_max.double() + part_sum.double().log()
-    fin = torch.isfinite(lse_ref)
-    assert torch.equal(torch.isfinite(lse), fin)
-    assert torch.allclose(lse[fin], lse_ref[fin], atol=tol, rtol=tol)
+    assert part_max.shape[-1] == -(-max_pages // chunk)
+    assert_chunk_partials(part_max, part_sum, ref, c["seq_lens"], BLOCK_PAGES, tol)
 
 
 @pytest.mark.parametrize("rank", [3, 5, 12, 16])  # basis rows padded to 8 (two pages per dot) or 16 (one)
