@@ -36,8 +36,8 @@ def candidate_buffer(rows: int, config: LocksConfig, device) -> torch.Tensor:
 
 
 def score_pages_full(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, **options):
-    """Every sealed page scored in full: score_pages_gluon where it applies (int8-int4-int8 summaries of
-    rank 8 on a GPU: 1.3-1.5x faster on the H200), score_pages_triton otherwise. options: kernel="gluon" or
+    """Every sealed page scored in full: score_pages_gluon where it applies (gluon_applies: int8-int4-int8
+    summaries of rank 8 on a GPU; 1.3-1.5x faster on the H200), score_pages_triton otherwise. options: kernel="gluon" or
     "triton" to choose, chunk_pages and out (either kernel's), or score_pages_triton's other launch
     options (which choose it)."""
     kernel = options.pop("kernel", None)

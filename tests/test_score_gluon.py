@@ -99,3 +99,8 @@ def test_gluon_scores_with_int64_lengths(device):
     sealed = _sealed(c["seq_lens"], 96).expand_as(want[0])
     assert torch.equal(got[0][sealed], want[0][sealed])
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
+def test_gluon_applies_to_head_dim_128_only(device):
+    s = random_cache([64], 2, 64, device=device)["summaries"]
+    assert not gluon_applies(torch.randn(1, 8, 64, device=device), s)
