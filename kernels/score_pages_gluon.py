@@ -31,6 +31,8 @@ to its error against the float64 reference (GQA groups 1-16).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -298,9 +300,15 @@ def gluon_applies(q: torch.Tensor, summaries) -> bool:
     only: the kernel is written for any multiple of 64, but only 128 has been run (the Llama-3.1-8B and
     GLM-4-9B shapes)."""
     group = q.shape[1] // summaries.num_kv_heads
-    return (q.device.type == "cuda" and not interpreted() and torch.cuda.get_device_capability(q.device)[0] >= 8
-            and summaries.quantized and summaries.rank == 8 and q.shape[2] == 128
-            and group <= 16 and group & (group - 1) == 0)
+    return (summaries.quantized and summaries.rank == 8 and q.shape[2] == 128 and group <= 16
+            and group & (group - 1) == 0 and q.device.type == "cuda" and not interpreted()
+            and _sm80_or_later(q.device.index if q.device.index is not None else torch.cuda.current_device()))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm80_or_later(device_index: int) -> bool:
+    """cp.async and int8 mma.sync; cached: gluon_applies runs per layer on the host."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 8
 
 
 def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, chunk_pages=None,
