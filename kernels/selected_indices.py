@@ -50,7 +50,7 @@ import triton.language as tl
 from ._triton import interpreted, num_sms
 from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, partials_block, row_lse
 
-PAGE_BLOCK = 1024  # pages a program handles at a time
+PAGE_BLOCK = 512  # pages per program, before the grid's cap (selection_grid)
 
 
 @triton.jit
@@ -229,6 +229,13 @@ def selection_parts(rows: int, items: int, device: torch.device, block: int = No
     return max(1, min(triton.cdiv(max(items, 1), block or PAGE_BLOCK), 2 * num_sms(device) // rows))
 
 
+def selection_tile(items: int, parts: int, group: int) -> int:
+    """Items a program loads at a time: its whole span where [G, tile] scores stay within 8192 values,
+    which keeps a row's programs to one round trip each (H200, select_probe_s15.json)."""
+    span = triton.next_power_of_2(triton.cdiv(max(items, 1), parts))
+    return max(16, min(span, 8192 // triton.next_power_of_2(group)))
+
+
 # Items a program of the final selection over candidates handles at a time: with ~1K candidates
 # per row, blocks of 1024 would leave one program per row.
 CANDIDATE_BLOCK = 256
@@ -254,8 +261,8 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
         cand_pages, cand_slots = candidates[0], candidates[1]
         n_cand = candidates.shape[2]
     n_chunks = part_max.shape[-1] if score_chunks is None else score_chunks
-    block = CANDIDATE_BLOCK if stage == "among_candidates" else PAGE_BLOCK
-    parts = selection_parts(rows, width, scores.device, block)
+    parts = selection_parts(rows, width, scores.device, CANDIDATE_BLOCK if stage == "among_candidates" else PAGE_BLOCK)
+    block = selection_tile(width, parts, group)
     keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
     suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
     args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import triton
 
 from helpers import random_cache
 from sglang_locks.config import LocksConfig
@@ -17,7 +18,9 @@ from sglang_locks.kernels.selected_indices import (
     select_pages_by_key_torch,
     selected_indices_torch,
     selected_indices_triton,
+    PAGE_BLOCK,
     selection_parts,
+    selection_tile,
 )
 from sglang_locks.selection import pages_per_request, select_pages, selected_pages
 from sglang_locks.sparse_decode import dense_decode_reference, per_head_pages, sparse_decode_reference
@@ -233,7 +236,16 @@ def test_selection_grid_stays_resident():
         for max_pages in (1, 1024, 70000):
             parts = selection_parts(rows, max_pages, torch.device("cpu"))
             assert parts >= 1 and (parts == 1 or rows * parts <= 2 * sms)
-            assert parts <= -(-max_pages // 1024)
+            assert parts <= -(-max_pages // PAGE_BLOCK)
+
+
+def test_selection_tile_covers_a_program_span_within_the_register_cap():
+    for items, parts, group in ((8192, 16, 4), (65536, 33, 4), (65536, 128, 16), (5, 1, 1), (70000, 3, 32)):
+        tile = selection_tile(items, parts, group)
+        assert tile & (tile - 1) == 0 and tile >= 16
+        span = -(-items // parts)
+        assert tile >= span or tile * triton.next_power_of_2(group) == 8192
+        assert tile * triton.next_power_of_2(group) <= 8192 or tile == 16
 
 
 def test_key_rule_is_exact_top_k_without_near_ties():
