@@ -19,14 +19,20 @@ them. Here, per pair of pages and KV head, on one warp:
 
 Summary bytes reach shared memory by cp.async, 16 bytes per copy, one step
 ahead (two stages), the page ids of the step after that loaded meanwhile;
-the operands are read from shared memory. One warp per program.
+the operands are read from shared memory. One warp per program. Each
+coefficient row is copied once (a 16-byte row per thread) and the centroid
+rows are swizzled: both were bank-conflict and instruction costs found by
+Nsight Compute (results/ncu_score_gluon_*_f9d8307.txt).
 
-Measured on the H200 (benchmarks/results/score_gluon_probe_*.json), one layer
-bs=1, against score_pages_triton in the same run: Llama-3.1-8B 128K (G = 4)
-18.9-19.7 us vs 27.7-27.9 us (68 % of copy bandwidth), GLM-4-9B-1M 1M (G =
-16) 58.6-58.9 us vs 73.6-73.9 us; static SASS of the page loop 70 vs 152
-instructions per (page, KV head) at G = 4. Scores equal the Triton kernel's
-to its error against the float64 reference (GQA groups 1-16).
+Measured on the H200, one layer, distinct summaries per launch, against
+f9d8307's version of this kernel in the same run
+(benchmarks/results/score_copy_ab_245011d.json): Llama-3.1-8B 128K bs=1 18.1
+vs 20.4 us (73 % of copy bandwidth), 256K 32.5 vs 35.5 us (81 %), bs=8 128K
+115.9 vs 136.4 us (91 %); GLM-4-9B-1M 1M 50.2 vs 58.7 us (56 %). f9d8307's
+was 1.3-1.5x faster than score_pages_triton (score_gluon_probe_v3.json);
+static SASS of the page loop 69 instructions per (page, KV head) at G = 4
+(Triton's: 152), 147 at G = 16. Scores equal the Triton kernel's to its error
+against the float64 reference (GQA groups 1-16).
 """
 
 from __future__ import annotations
@@ -125,7 +131,8 @@ def _stage_copy(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_
     # basis [BP, 8 ranks, 64 bytes], coefficients [BP, 8 ranks, 16 keys]
     _, i, k = _idx3(BP, R, HALF, cpv)
     async_copy.async_copy_global_to_shared(smem_v, basis_ptr + (r3 * R + i) * HALF + k)
-    # a coefficient row is one copy: the page's threads take a row each (the same pages per thread as cpv)
+    # a coefficient row (16 keys) is one copy: the page's threads take rows (cpv's pages per thread; its layout
+    # would have them copy each row 4 times)
     cpc: gl.constexpr = _copy_layout(BP, num_warps, 3, 16, True)
     rc = gl.expand_dims(gl.expand_dims(gl.convert_layout(rec, gl.SliceLayout(1, gl.SliceLayout(2, cpc))), 1), 2)
     _, i, k = _idx3(BP, R, PAGE, cpc)
@@ -177,7 +184,7 @@ def _score_pages_gluon_kernel(
     smem_v = gl.allocate_shared_memory(gl.uint8, [STAGES, BP, R, HALF], sw_v)
     smem_c = gl.allocate_shared_memory(gl.int8, [STAGES, BP, R, PAGE], flat3)
     # centroid rows (128 bytes) swizzled in 16-byte units within each half: the mma's row fetches meet 2-way, not
-    # 8-way, bank conflicts (GLM-4 1M: 58.7 -> 53.1 us, mu_swizzle_ab.json)
+    # 8-way, bank conflicts (GLM-4-9B-1M 1M: 58.7 -> 53.1 us, results/score_mu_swizzle_ab_s15.json)
     sw_m: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=4, order=[1, 0])
     smem_m = gl.allocate_shared_memory(gl.int8, [STAGES, MU_ROWS, D], sw_m)
     smem_s = gl.allocate_shared_memory(gl.float32, [STAGES, BP, R], flat2)

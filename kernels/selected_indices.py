@@ -231,7 +231,7 @@ def selection_parts(rows: int, items: int, device: torch.device, block: int = No
 
 def selection_tile(items: int, parts: int, group: int) -> int:
     """Items a program loads at a time: its whole span where [G, tile] scores stay within 8192 values,
-    which keeps a row's programs to one round trip each (H200, select_probe_s15.json)."""
+    which keeps a row's programs to one round trip each (H200: benchmarks/results/select_probe_s15.json)."""
     span = triton.next_power_of_2(triton.cdiv(max(items, 1), parts))
     return max(16, min(span, 8192 // triton.next_power_of_2(group)))
 
