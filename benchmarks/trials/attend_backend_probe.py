@@ -8,7 +8,9 @@ import json, os, sys, traceback
 import torch
 import flashinfer
 sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/trials")
 from attention_decode import launch_us
+from probe_inputs import random_selection
 from sglang_locks import sparse_decode as sd
 
 OUT = os.environ.get("OUT", "/tmp")
@@ -28,16 +30,7 @@ for shape, hkv, hq, bsz in (("llama", 8, 32, 1), ("llama", 8, 32, 4), ("glm", 2,
             w = sd.SparseDecodeWrapper(ws, hq, hkv, 128, bsz, bsz * hkv * 130, use_cuda_graph=True)
             lens = torch.full((bsz,), ctx, dtype=torch.int32)
             w.plan(lens, 128, torch.bfloat16, torch.bfloat16, 128 ** -0.5)
-            g = torch.Generator(device="cpu").manual_seed(0)
-            n = int(w.indptr[-1])
-            per_row = n // (bsz * hkv)
-            ent = []
-            for r in range(bsz * hkv):
-                b, h = divmod(r, hkv)
-                pages = torch.randperm(ctx // 16, generator=g)[: per_row - 1].sort().values
-                first = torch.cat([pages * 16, torch.tensor([ctx // 16 * 16])]) + b * ctx
-                ent.append(first * hkv + h)
-            w.indices[:n] = torch.cat(ent).int().cuda()
+            n = random_selection(w, bsz, hkv, ctx)
             o = w.run(q, k, v)
             outs[name] = o.float()
             us = launch_us(lambda: w.run(q, k, v))

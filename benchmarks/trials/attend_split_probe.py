@@ -5,7 +5,9 @@ import functools, json, os, sys, traceback
 import torch
 import flashinfer
 sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/trials")
 from attention_decode import graph_ms
+from probe_inputs import random_selection
 from sglang_locks import sparse_decode as sd
 
 OUT = os.environ.get("OUT", "/tmp")
@@ -37,16 +39,7 @@ for shape, hkv, hq, bsz in (("llama", 8, 32, 1), ("glm", 2, 32, 1), ("llama", 8,
             w.plan(lens, 128, torch.bfloat16, torch.bfloat16, 128 ** -0.5)
             if name == "nopdl":
                 w.wrapper.run = functools.partial(w.wrapper.run, enable_pdl=False)
-            g = torch.Generator(device="cpu").manual_seed(0)
-            n = int(w.indptr[-1])
-            per_row = n // (bsz * hkv)
-            ent = []
-            for r in range(bsz * hkv):
-                b, h = divmod(r, hkv)
-                pages = torch.randperm(ctx // 16, generator=g)[: per_row - 1].sort().values
-                first = torch.cat([pages * 16, torch.tensor([ctx // 16 * 16])]) + b * ctx
-                ent.append(first * hkv + h)
-            w.indices[:n] = torch.cat(ent).int().cuda()
+            n = random_selection(w, bsz, hkv, ctx)
             views = [(k[i * slots:(i + 1) * slots], v[i * slots:(i + 1) * slots]) for i in range(INNER)]
             o = w.run(q, *views[0]).float()
             if ref is None:

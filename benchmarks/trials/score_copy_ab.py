@@ -8,7 +8,9 @@ launch, 20 launches per graph. The base is a scratch copy:
 import json, os, sys
 import torch
 sys.path.insert(0, "benchmarks")
-from attention_decode import SHAPES, copy_bandwidth_gbs, graph_ms, random_summaries
+from attention_decode import SHAPES, copy_bandwidth_gbs, graph_ms
+sys.path.insert(0, "benchmarks/trials")
+from probe_inputs import score_inputs
 from sglang_locks.kernels.score_pages_gluon import score_pages_gluon as new
 from sglang_locks.kernels._score_pages_gluon_base import score_pages_gluon as base
 
@@ -20,12 +22,7 @@ for shape, bsz, context in (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 26214
     _, hkv, hq, d = SHAPES[shape]
     pages = context // 16
     nset = 4 if bsz * context <= 262144 else 2
-    sums = [random_summaries(bsz * pages + 2, hkv, d, 8) for _ in range(nset)]
-    req_to_token = (torch.arange(bsz * context, device="cuda", dtype=torch.int32) + 16).view(bsz, context)
-    tables = (req_to_token, torch.arange(bsz, device="cuda", dtype=torch.int32),
-              torch.full((bsz,), context, device="cuda", dtype=torch.int32))
-    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
-    moved = bsz * hkv * pages * sums[0].bytes_per_page_per_head() + bsz * pages * 4 * (1 + hq)
+    sums, tables, q, moved = score_inputs(shape, bsz, context, nset)
     a, b = new(q, sums[0], *tables, pages, d ** -0.5), base(q, sums[0], *tables, pages, d ** -0.5)
     same = all(torch.equal(x, y) for x, y in zip(a, b))
     times = {"swizzled": [], "base": []}

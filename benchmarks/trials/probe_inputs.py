@@ -1,0 +1,39 @@
+"""Inputs the H200 probes in this folder share (run from the repository root)."""
+
+import sys
+
+import torch
+
+sys.path.insert(0, "benchmarks")
+from attention_decode import SHAPES, random_summaries  # noqa: E402
+
+
+def score_inputs(shape: str, bsz: int, context: int, sets: int):
+    """(summaries [sets of random ones, rotated between launches so that they come from HBM, not L2], (req_to_token,
+    req_pool_indices, seq_lens) of bsz requests of context tokens on sequential pages, q [bsz, Hq, d], bytes a
+    launch must move)."""
+    _, hkv, hq, d = SHAPES[shape]
+    pages = context // 16
+    sums = [random_summaries(bsz * pages + 2, hkv, d, 8) for _ in range(sets)]
+    req_to_token = (torch.arange(bsz * context, device="cuda", dtype=torch.int32) + 16).view(bsz, context)
+    tables = (req_to_token, torch.arange(bsz, device="cuda", dtype=torch.int32),
+              torch.full((bsz,), context, device="cuda", dtype=torch.int32))
+    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
+    moved = bsz * hkv * pages * sums[0].bytes_per_page_per_head() + bsz * pages * 4 * (1 + hq)
+    return sums, tables, q, moved
+
+
+def random_selection(wrapper, bsz: int, hkv: int, context: int, seed: int = 0) -> int:
+    """Fill a planned SparseDecodeWrapper's page entries: per row random sealed pages (sorted) and the tail page of
+    request b, whose tokens start at slot b * context. Returns the number of entries."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n = int(wrapper.indptr[-1])
+    per_row = n // (bsz * hkv)
+    entries = []
+    for r in range(bsz * hkv):
+        b, h = divmod(r, hkv)
+        pages = torch.randperm(context // 16, generator=g)[: per_row - 1].sort().values
+        first = torch.cat([pages * 16, torch.tensor([context // 16 * 16])]) + b * context
+        entries.append(first * hkv + h)
+    wrapper.indices[:n] = torch.cat(entries).int().cuda()
+    return n
