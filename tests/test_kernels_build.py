@@ -52,18 +52,22 @@ for stage in (0, 1, 2):  # pages to entries, to a candidate list; candidates to 
     consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, PARTS_P2=8, MODE=0,
                   LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage)
     floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
-    sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else "*i32" if n.endswith("_ptr") else "i32"
-           for n in names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    index = {{"seq_lens_ptr": {index!r}, "req_pool_ptr": {index!r}}}
+    sig = {{n: "constexpr" if n in consts else "*fp32" if n in floats else index.get(n, "*i32") if n.endswith("_ptr")
+           else "i32" for n in names}}
+    src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
     print("atom.global.gpu.release.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx)
 """
 
 
-def test_selection_kernel_builds_for_sm90_with_its_row_barrier():
-    """The spin barrier only exists in the GPU build (the interpreter runs the phases as launches)."""
+@pytest.mark.parametrize("index", ["*i32", "*i64"])
+def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
+    """The spin barrier only exists in the GPU build (the interpreter runs the phases as launches). int64: SGLang's
+    seq_lens and request indices."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", SELECT_BUILD], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", SELECT_BUILD.format(index=index)], env=env, capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [line.split() for line in out.stdout.splitlines()]
     assert len(builds) == 3
@@ -71,3 +75,37 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier():
         assert release == "True"  # arrival publishes the program's stores at GPU scope
         assert acquire == "True"  # the wait reads the counter with acquire semantics
         assert l2_loads == "True"  # other programs' histograms are read from L2, not a stale L1
+
+
+GLUON_BUILD = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from sglang_locks.kernels import score_pages_gluon as m
+fn = m._score_pages_gluon_kernel
+names = fn.arg_names
+group, index = {group}, {index!r}
+consts = dict(HKV=8 if group <= 4 else 2, G=group, D=128, PAGE=16, NC=max(8, 2 * group), PAIRS=m.STEP_PAIRS,
+              STAGES=m.SMEM_STAGES, num_warps=1)
+ptrs = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8", coef_scale_ptr="*fp32",
+            req_to_token_ptr="*i32", req_pool_ptr=index, seq_lens_ptr=index, scores_ptr="*fp32", part_max_ptr="*fp32",
+            part_sum_ptr="*fp32")
+sig = {{n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "scale_log2" else "i32") for n in names}}
+src = GluonASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}},
+                     attrs={{(names.index(n),): [["tt.divisibility", 16]] for n in ptrs}})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+ptx = k.asm["ptx"]
+print("cp.async.cg.shared.global" in ptx, "m16n8k32" in ptx and ".s32.s8.s8.s32" in ptx, len(k.asm["cubin"]) > 0)
+"""
+
+
+@pytest.mark.parametrize("group", [4, 16])
+@pytest.mark.parametrize("index", ["*i32", "*i64"])
+def test_gluon_score_kernel_builds_for_sm90(group, index):
+    """score_pages_gluon for the H200, with int32 lengths and with SGLang's int64 seq_lens and request indices (which
+    once made a shared-memory stage index int64, rejected by Gluon at CUDA-graph capture)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", GLUON_BUILD.format(group=group, index=index)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "True"]  # 16-byte cp.async staging, int8 mma, a cubin
