@@ -50,7 +50,7 @@ import triton.language as tl
 from ._triton import interpreted, num_sms
 from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, partials_block, row_lse
 
-PAGE_BLOCK = 512  # pages per program, before the grid's cap (selection_grid)
+PAGE_BLOCK = 512  # pages per program, before the grid's cap (selection_parts)
 
 
 @triton.jit
