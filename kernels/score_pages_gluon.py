@@ -313,10 +313,11 @@ def _score_pages_gluon_kernel(
 def gluon_applies(q: torch.Tensor, summaries) -> bool:
     """Whether score_pages_gluon scores q against summaries (otherwise score_pages_triton). head_dim 128
     only: the kernel is written for any multiple of 64, but only 128 has been run (the Llama-3.1-8B and
-    GLM-4-9B shapes)."""
+    GLM-4-9B shapes). Its summary offsets are 32-bit: larger stores take the Triton kernel's 64-bit ones."""
     group = q.shape[1] // summaries.num_kv_heads
     return (summaries.quantized and summaries.rank == 8 and q.shape[2] == 128 and group <= 16
-            and group & (group - 1) == 0 and q.device.type == "cuda" and not interpreted()
+            and group & (group - 1) == 0 and summaries.basis.numel() < 2**31
+            and q.device.type == "cuda" and not interpreted()
             and _sm80_or_later(q.device.index if q.device.index is not None else torch.cuda.current_device()))
 
 
@@ -331,8 +332,8 @@ def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
     """score_pages_triton's "full" launch (same arguments, outputs and chunking) where gluon_applies.
     pairs: page pairs per warp and step; stages: steps in shared memory; num_warps: warps per program."""
     if not gluon_applies(q, summaries):
-        raise ValueError("score_pages_gluon needs a CUDA GPU (sm80+), int8-int4-int8 summaries of rank 8, head_dim "
-                         "128 and a power-of-two group of at most 16 query heads per KV head")
+        raise ValueError("score_pages_gluon needs a CUDA GPU (sm80+), int8-int4-int8 summaries of rank 8 (basis under "
+                         "2**31 bytes), head_dim 128 and a power-of-two group of at most 16 query heads per KV head")
     if pairs not in (1, 2, 4, 8, 16) or num_warps not in (1, 2, 4):
         raise ValueError(f"pairs must be 1, 2, 4, 8 or 16 and num_warps 1, 2 or 4, got {pairs}, {num_warps}")
     bsz, hq, d = q.shape
