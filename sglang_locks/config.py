@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 PAGE_SIZE = 16
 SUMMARY_PRECISIONS = ("fp32", "bf16", "int8-int4-int8")
 GQA_AGGREGATIONS = ("mass", "max", "logsumexp")
+SPARSE_DECODE_KERNELS = ("triton", "flashinfer")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class LocksConfig:
     those, scored with the whole summary. 0 (the default) scores every page in
     full, the seed's LOCKS: the prefilter trades recall for speed
     (benchmarks/results/README.md has both measured).
+
+    sparse_decode: the kernel attending the selected pages, "triton"
+    (kernels/sparse_attend.py, 1.2-1.3x faster on the H200) or "flashinfer"
+    (FlashInfer's batch decode over the same page entries).
     """
 
     page_size: int = PAGE_SIZE
@@ -42,6 +47,7 @@ class LocksConfig:
     min_step_tokens: Optional[int] = None
     prefilter: int = 0
     prefilter_rank: int = 0
+    sparse_decode: str = "triton"
 
     def __post_init__(self) -> None:
         if self.page_size != PAGE_SIZE:
@@ -75,6 +81,8 @@ class LocksConfig:
             raise ValueError(f"prefilter must be >= 0 (candidate pages per budget page; 0: off), got {self.prefilter}")
         if not 0 <= self.prefilter_rank <= self.rank:
             raise ValueError(f"prefilter_rank must be in [0, rank={self.rank}], got {self.prefilter_rank}")
+        if self.sparse_decode not in SPARSE_DECODE_KERNELS:
+            raise ValueError(f"sparse_decode must be one of {SPARSE_DECODE_KERNELS}, got {self.sparse_decode!r}")
         if self.gqa_aggregation not in GQA_AGGREGATIONS:
             raise ValueError(
                 f"gqa_aggregation must be one of {GQA_AGGREGATIONS}, got {self.gqa_aggregation!r}"

@@ -38,7 +38,8 @@ class LocksDecode:
         self.score_options = dict(score_options or {})
         max_indices = max_batch_size * num_kv_heads * (config.budget_pages + 1)
         self.sparse = SparseDecodeWrapper(
-            workspace, num_qo_heads, num_kv_heads, head_dim, max_batch_size, max_indices, use_cuda_graph
+            workspace, num_qo_heads, num_kv_heads, head_dim, max_batch_size, max_indices, use_cuda_graph,
+            config.sparse_decode,
         )
         self.sm_scale = head_dim**-0.5
         self.max_pages = 0

@@ -1,4 +1,5 @@
-"""Sparse decode through FlashInfer: each (request, KV head) attends its own selected pages.
+"""Sparse decode: each (request, KV head) attends its own selected pages, through the split-page Triton kernel
+(kernels/sparse_attend.py, the default) or FlashInfer's batch decode.
 
 The token-major cache [slots, H_kv, d] (SGLang's layout) is viewed for free
 as FlashInfer pages of 16 tokens of one KV head (per_head_pages): entry
@@ -6,7 +7,8 @@ slot * H_kv + h is the page of head h whose first token is slot, its tokens
 H_kv * d elements apart. Row b * H_kv + h of the batch is request b's KV
 head h with its G query heads, and its entries are the pages that head
 selected, then the request's unsealed tail page. (Pages of one token, an
-index per token, measured 2-7 % slower on the H200.)
+index per token, measured 2-7 % slower on the H200.) Both kernels read
+these rows and entries.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Optional
 
 import torch
 
-from .config import PAGE_SIZE
+from .config import PAGE_SIZE, SPARSE_DECODE_KERNELS
+from .kernels._triton import num_sms
+from .kernels.sparse_attend import SparseAttendBuffers, attend_launch, sparse_attend_triton
 from .selection import pages_per_request, selected_pages
 
 
@@ -32,8 +36,11 @@ class SparseDecodeWrapper:
 
     Between them the caller writes each row's page entries into ``indices``
     at ``indptr`` and, under CUDA graphs, the length of its last page into
-    ``last_page_len`` (selected_indices_triton does both: plan() skips
-    FlashInfer's plan while the pages per row stay the same).
+    ``last_page_len`` (selected_indices_triton does both: plan() skips its
+    work while the pages per row stay the same).
+
+    kernel: "triton" (sparse_attend_triton; its parts live in workspace) or
+    "flashinfer" (BatchDecodeWithPagedKVCacheWrapper; workspace is its own).
     """
 
     def __init__(
@@ -45,31 +52,40 @@ class SparseDecodeWrapper:
         max_batch_size: int,
         max_indices: int,
         use_cuda_graph: bool = False,
+        kernel: str = "triton",
     ) -> None:
-        from flashinfer import BatchDecodeWithPagedKVCacheWrapper
-
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if kernel not in SPARSE_DECODE_KERNELS:
+            raise ValueError(f"kernel must be one of {SPARSE_DECODE_KERNELS}, got {kernel!r}")
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group = num_qo_heads // num_kv_heads
+        self.kernel = kernel
         device = workspace.device
         rows = max_batch_size * num_kv_heads
         self.indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
         self.indices = torch.zeros(max_indices, dtype=torch.int32, device=device)
         self.last_page_len = torch.ones(rows, dtype=torch.int32, device=device)
         self._graph_rows = rows if use_cuda_graph else None
-        # Tensor-core decode handles every group size (the CUDA-core one stops at 8).
-        self.wrapper = BatchDecodeWithPagedKVCacheWrapper(
-            workspace,
-            "NHD",
-            use_cuda_graph=use_cuda_graph,
-            use_tensor_cores=True,
-            paged_kv_indptr_buffer=self.indptr if use_cuda_graph else None,
-            paged_kv_indices_buffer=self.indices if use_cuda_graph else None,
-            paged_kv_last_page_len_buffer=self.last_page_len if use_cuda_graph else None,
-        )
+        if kernel == "triton":
+            self.parts = SparseAttendBuffers.in_workspace(workspace, self.group, head_dim)
+            self.launch = (1, 4)  # attend_launch's (splits, pages per iteration) of the planned rows
+        else:
+            from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+            # Tensor-core decode handles every group size (the CUDA-core one stops at 8).
+            self.wrapper = BatchDecodeWithPagedKVCacheWrapper(
+                workspace,
+                "NHD",
+                use_cuda_graph=use_cuda_graph,
+                use_tensor_cores=True,
+                paged_kv_indptr_buffer=self.indptr if use_cuda_graph else None,
+                paged_kv_indices_buffer=self.indices if use_cuda_graph else None,
+                paged_kv_last_page_len_buffer=self.last_page_len if use_cuda_graph else None,
+            )
         self.rows = 0
-        self._planned = None  # CUDA-graph mode: (pages per request, dtypes, scale) of FlashInfer's last plan
+        self.sm_scale = head_dim**-0.5
+        self._planned = None  # CUDA-graph mode: (pages per request, dtypes, scale) of the last full plan
 
     def plan(self, seq_lens_cpu: torch.Tensor, budget_pages: int, q_dtype, kv_dtype, sm_scale: float) -> None:
         lens = seq_lens_cpu.tolist()
@@ -79,10 +95,10 @@ class SparseDecodeWrapper:
         self.rows = rows
         key = None
         if self._graph_rows is not None:
-            # FlashInfer's plan (its work split, ~0.5 ms of host time per step at Llama bs=1) depends on the pages per
-            # row, not on the last page's lengths, which its kernel reads from last_page_len: a long request's rows
-            # keep their pages (budget + tail) from step to step. The check is plain Python: the step's host time
-            # adds to its latency.
+            # The work split (FlashInfer's plan: ~0.5 ms of host time per step at Llama bs=1) depends on the pages
+            # per row, not on the last page's lengths, which the kernels read from last_page_len: a long request's
+            # rows keep their pages (budget + tail) from step to step. The check is plain Python: the step's host
+            # time adds to its latency.
             key = (pages_per_request(lens, budget_pages), q_dtype, kv_dtype, sm_scale)
             if key == self._planned:
                 return
@@ -90,26 +106,30 @@ class SparseDecodeWrapper:
         total = int(indptr[-1])
         if total > self.indices.numel():
             raise ValueError(f"{total} selected pages exceed max_indices={self.indices.numel()}")
-        if self._graph_rows is None:  # under CUDA graphs FlashInfer's plan copies into this same buffer
+        if self.kernel == "triton":
+            if q_dtype != kv_dtype or q_dtype not in (torch.bfloat16, torch.float16):
+                raise ValueError(f"the Triton sparse decode takes bf16 or fp16 q and KV of one dtype, got {q_dtype} "
+                                 f"and {kv_dtype} (--locks-sparse-decode flashinfer takes others)")
             self.indptr[: rows + 1].copy_(indptr, non_blocking=True)
-        self.wrapper.plan(
-            indptr,
-            self.indices[:total],
-            last_page_len,
-            self.group,
-            1,
-            self.head_dim,
-            PAGE_SIZE,
-            q_data_type=q_dtype,
-            kv_data_type=kv_dtype,
-            sm_scale=sm_scale,
-        )
+            self.last_page_len[:rows].copy_(last_page_len, non_blocking=True)
+            # Static under CUDA graphs: from the rows and the most pages a row can hold, not this step's.
+            self.launch = attend_launch(rows, budget_pages + 1, num_sms(self.indptr.device))
+            self.sm_scale = sm_scale
+        else:
+            if self._graph_rows is None:  # under CUDA graphs FlashInfer's plan copies into this same buffer
+                self.indptr[: rows + 1].copy_(indptr, non_blocking=True)
+            self.wrapper.plan(indptr, self.indices[:total], last_page_len, self.group, 1, self.head_dim, PAGE_SIZE,
+                              q_data_type=q_dtype, kv_data_type=kv_dtype, sm_scale=sm_scale)
         self._planned = key
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: Optional[torch.Tensor] = None):
         """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""
         bsz = q.shape[0]
         d = self.head_dim
+        if self.kernel == "triton":
+            splits, pages_per_iter = self.launch
+            return sparse_attend_triton(q, k_cache, v_cache, self.indptr, self.indices, self.last_page_len, self.rows,
+                                        splits, self.sm_scale, self.parts, out, pages_per_iter)
         o = self.wrapper.run(q.reshape(bsz * self.num_kv_heads, self.group, d),
                              (per_head_pages(k_cache), per_head_pages(v_cache)),
                              out=None if out is None else out.view(bsz * self.num_kv_heads, self.group, d))

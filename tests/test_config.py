@@ -7,6 +7,7 @@ def test_defaults_valid():
     c = LocksConfig()
     assert (c.page_size, c.rank, c.token_budget, c.budget_pages) == (16, 8, 2048, 128)
     assert (c.prefilter, c.prefilter_rank, c.candidate_pages) == (0, 0, 0)  # every page scored in full
+    assert c.sparse_decode == "triton"
     assert LocksConfig(prefilter=8).candidate_pages == 1024
     assert c.quantized
 
@@ -28,6 +29,7 @@ def test_defaults_valid():
         (dict(prefilter=-1), "prefilter"),
         (dict(prefilter_rank=9), "prefilter_rank"),
         (dict(rank=4, prefilter_rank=5), "prefilter_rank"),
+        (dict(sparse_decode="fa3"), "sparse_decode"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs, field):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers import random_cache
-from sglang_locks.config import LocksConfig
+from sglang_locks.config import SPARSE_DECODE_KERNELS, LocksConfig
 from sglang_locks.decode import LocksDecode
 from sglang_locks.kernels.aggregate_scores import KEY_SCALE
 from sglang_locks.kernels.selected_indices import selected_indices_torch
@@ -29,13 +29,15 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+@pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)
 @pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)
-def test_sparse_decode_matches_reference(seq_lens, hkv, group):
+def test_sparse_decode_matches_reference(seq_lens, hkv, group, kernel):
     c = random_cache(seq_lens, hkv, 128, device="cuda", seed=group)
     cfg = LocksConfig(token_budget=512)
     bsz = len(seq_lens)
     q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
-    dec = SparseDecodeWrapper(_workspace(), hkv * group, hkv, 128, bsz, bsz * hkv * (cfg.budget_pages + 1))
+    dec = SparseDecodeWrapper(_workspace(), hkv * group, hkv, 128, bsz, bsz * hkv * (cfg.budget_pages + 1),
+                              kernel=kernel)
     dec.plan(c["seq_lens"].cpu(), cfg.budget_pages, torch.bfloat16, torch.bfloat16, 128**-0.5)
     # Random page picks per row exercise arbitrary page lists.
     max_pages = max(seq_lens) // 16
@@ -52,9 +54,10 @@ def test_sparse_decode_matches_reference(seq_lens, hkv, group):
 @pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)
 @pytest.mark.parametrize("precision", ["int8-int4-int8", "fp32"])
 @pytest.mark.parametrize("prefilter", [0, 4])  # 4: 64 candidate pages of 300-500
-def test_locks_step_matches_reference(seq_lens, hkv, group, precision, prefilter):
+@pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)
+def test_locks_step_matches_reference(seq_lens, hkv, group, precision, prefilter, kernel):
     c = random_cache(seq_lens, hkv, 128, precision, device="cuda", seed=11 + group)
-    cfg = LocksConfig(token_budget=256, summary_precision=precision, prefilter=prefilter)
+    cfg = LocksConfig(token_budget=256, summary_precision=precision, prefilter=prefilter, sparse_decode=kernel)
     bsz = len(seq_lens)
     q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, bsz)
@@ -121,10 +124,11 @@ def selected_indices_reference(q, c, cfg):
 
 
 @pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)
-def test_budget_covering_context_equals_dense(seq_lens, hkv, group):
+@pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)
+def test_budget_covering_context_equals_dense(seq_lens, hkv, group, kernel):
     c = random_cache(seq_lens, hkv, 128, device="cuda", seed=5)
     budget = (max(seq_lens) // 16 + 1) * 16
-    cfg = LocksConfig(token_budget=budget)
+    cfg = LocksConfig(token_budget=budget, sparse_decode=kernel)
     bsz = len(seq_lens)
     q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, bsz)
@@ -134,10 +138,11 @@ def test_budget_covering_context_equals_dense(seq_lens, hkv, group):
     assert _rel(out, ref) < 1e-2
 
 
-def test_cuda_graph_replay_follows_new_inputs():
+@pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)
+def test_cuda_graph_replay_follows_new_inputs(kernel):
     seq_lens, hkv, group = [16 * 400 + 3, 16 * 90], 8, 4
     c = random_cache(seq_lens, hkv, 128, device="cuda", seed=2)
-    cfg = LocksConfig(token_budget=512, prefilter=8)  # the prefilter's launches in the graph too: 256 of 400 pages
+    cfg = LocksConfig(token_budget=512, prefilter=8, sparse_decode=kernel)  # the prefilter's launches in the graph too: 256 of 400 pages
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
     dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
     q = torch.randn(2, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
@@ -157,19 +162,26 @@ def test_cuda_graph_replay_follows_new_inputs():
         assert _rel(out, ref) < 1e-2
 
 
-def test_cuda_graph_steps_replan_only_when_pages_change():
-    """Decode steps of growing requests under one captured graph: FlashInfer plans again only when a
-    row's page count changes (the last page's length is read from the buffer), and every step
+@pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)
+def test_cuda_graph_steps_replan_only_when_pages_change(kernel, monkeypatch):
+    """Decode steps of growing requests under one captured graph: the sparse decode plans again only
+    when a row's page count changes (the last page's length is read from the buffer), and every step
     attends what the reference does."""
     hkv, group, steps = 4, 4, 5
     base = [16 * 300 + 13, 16 * 20 + 14]  # over the budget (its page count is fixed), under it (grows)
     c = random_cache([n + steps for n in base], hkv, 128, device="cuda", seed=4)
     start = c["seq_lens"].cpu() - steps  # the cache's (shuffled) order
-    cfg = LocksConfig(token_budget=512)
+    cfg = LocksConfig(token_budget=512, sparse_decode=kernel)
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
     plans = []
-    flashinfer_plan = dec.sparse.wrapper.plan
-    dec.sparse.wrapper.plan = lambda *a, **k: plans.append(1) or flashinfer_plan(*a, **k)
+    if kernel == "flashinfer":
+        flashinfer_plan = dec.sparse.wrapper.plan
+        dec.sparse.wrapper.plan = lambda *a, **k: plans.append(1) or flashinfer_plan(*a, **k)
+    else:
+        import sglang_locks.sparse_decode as sd
+
+        launch = sd.attend_launch
+        monkeypatch.setattr(sd, "attend_launch", lambda *a: plans.append(1) or launch(*a))
     seq_lens = start.to("cuda", torch.int32)
     q = torch.randn(2, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
     max_pages = int(c["seq_lens"].max()) // 16

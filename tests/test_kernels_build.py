@@ -1,4 +1,5 @@
-"""The GPU builds of the score and selection kernels (sm_90), checked on any machine with Triton's bundled ptxas.
+"""The GPU builds of the score, selection and sparse decode kernels (sm_90), checked on any machine with Triton's
+bundled ptxas.
 
 CI has no GPU: the Triton interpreter runs the kernels there, so the code that
 only a GPU compiles (inline PTX conversions, the SFU log2) is built here for
@@ -81,12 +82,13 @@ GLUON_BUILD = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from sglang_locks.kernels import score_pages_gluon as m
-fn = m._score_pages_gluon_kernel
+from sglang_locks.kernels import score_pages_gluon as m, score_pages_gluon_heads as heads
+group, index, heads_on_rows = {group}, {index!r}, {heads_on_rows}
+fn = heads._score_pages_heads_kernel if heads_on_rows else m._score_pages_gluon_kernel
 names = fn.arg_names
-group, index = {group}, {index!r}
-consts = dict(HKV=8 if group <= 4 else 2, G=group, D=128, PAGE=16, NC=max(8, 2 * group), PAIRS=m.STEP_PAIRS,
-              STAGES=m.SMEM_STAGES, num_warps=1)
+consts = dict(HKV=8 if group <= 4 else 2, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, num_warps=1)
+if not heads_on_rows:
+    consts.update(G=group, NC=max(8, 2 * group))
 ptrs = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8", coef_scale_ptr="*fp32",
             req_to_token_ptr="*i32", req_pool_ptr=index, seq_lens_ptr=index, scores_ptr="*fp32", part_max_ptr="*fp32",
             part_sum_ptr="*fp32")
@@ -99,13 +101,41 @@ print("cp.async.cg.shared.global" in ptx, "m16n8k32" in ptx and ".s32.s8.s8.s32"
 """
 
 
-@pytest.mark.parametrize("group", [4, 16])
+@pytest.mark.parametrize("group, heads_on_rows", [(4, False), (16, False), (16, True)])
 @pytest.mark.parametrize("index", ["*i32", "*i64"])
-def test_gluon_score_kernel_builds_for_sm90(group, index):
-    """score_pages_gluon for the H200, with int32 lengths and with SGLang's int64 seq_lens and request indices (which
-    once made a shared-memory stage index int64, rejected by Gluon at CUDA-graph capture)."""
+def test_gluon_score_kernel_builds_for_sm90(group, heads_on_rows, index):
+    """score_pages_gluon (and at G = 16 score_pages_gluon_heads) for the H200, with int32 lengths and with SGLang's
+    int64 seq_lens and request indices (which once made a shared-memory stage index int64, rejected by Gluon at
+    CUDA-graph capture)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", GLUON_BUILD.format(group=group, index=index)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    code = GLUON_BUILD.format(group=group, index=index, heads_on_rows=heads_on_rows)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True", "True"]  # 16-byte cp.async staging, int8 mma, a cubin
+
+
+ATTEND_BUILD = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang_locks.kernels import sparse_attend as m
+for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), D=128, PAGES=8, SPLITS=32,
+                                         DOT_F32=False)),
+                   (m._merge_parts, dict(G={group}, D=128, SPLITS=32))):
+    names = fn.arg_names
+    sig = {{n: "constexpr" if n in consts else "fp32" if n == "qk_scale" else "*bf16" if n in ("q_ptr", "k_ptr", "v_ptr",
+           "out_ptr") else "*fp32" if n.startswith("part") else "*i32" for n in names}}
+    src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    print(len(k.asm["cubin"]) > 0, "mma.sync" in k.asm["ptx"] or "wgmma" in k.asm["ptx"] or fn is m._merge_parts)
+"""
+
+
+@pytest.mark.parametrize("group", [1, 4, 16])
+def test_sparse_attend_kernels_build_for_sm90(group):
+    """The split-page sparse decode and its merge for the H200, its products on the tensor cores."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", ATTEND_BUILD.format(group=group)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True"] * 4

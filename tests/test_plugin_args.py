@@ -21,10 +21,10 @@ def test_flags_reach_server_args_as_one_validated_config():
     sa = parse("--enable-locks", "--locks-token-budget", "512", "--locks-rank", "4", "--locks-sink-pages", "2",
                "--locks-local-pages", "3", "--locks-dense-layers", "1,0", "--locks-summary-precision", "bf16",
                "--locks-min-step-tokens", "0", "--locks-prefilter", "4",
-               "--locks-prefilter-rank", "1")
+               "--locks-prefilter-rank", "1", "--locks-sparse-decode", "flashinfer")
     assert sa.locks_config == LocksConfig(token_budget=512, rank=4, sink_pages=2, local_pages=3, dense_layers=(0, 1),
                                           summary_precision="bf16", min_context=512, min_step_tokens=0, prefilter=4,
-                                          prefilter_rank=1)
+                                          prefilter_rank=1, sparse_decode="flashinfer")
     assert (sa.page_size, sa.attention_backend) == (16, "flashinfer")
     # It travels to the scheduler processes pickled with server_args.
     assert pickle.loads(pickle.dumps(sa)).locks_config == sa.locks_config
@@ -35,7 +35,7 @@ def test_defaults():
     assert (cfg.token_budget, cfg.rank, cfg.sink_pages, cfg.local_pages, cfg.dense_layers, cfg.min_context) == (
         2048, 8, 1, 1, (), 2048)
     assert cfg.min_step_tokens is None  # the backend's default for the model (graph_variants)
-    assert (cfg.prefilter, cfg.prefilter_rank) == (0, 0)
+    assert (cfg.prefilter, cfg.prefilter_rank, cfg.sparse_decode) == (0, 0, "triton")
 
 
 def test_without_enable_locks_server_args_are_stock():
@@ -55,7 +55,7 @@ def test_help_lists_the_flags():
     text = parser.format_help()
     for flag in ("--enable-locks", "--locks-token-budget", "--locks-rank", "--locks-sink-pages", "--locks-local-pages",
                  "--locks-dense-layers", "--locks-min-context", "--locks-min-step-tokens", "--locks-summary-precision",
-                 "--locks-prefilter", "--locks-prefilter-rank"):
+                 "--locks-prefilter", "--locks-prefilter-rank", "--locks-sparse-decode"):
         assert flag in text
 
 

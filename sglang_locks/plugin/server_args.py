@@ -15,7 +15,7 @@ import os
 import re
 from typing import Optional, Tuple
 
-from ..config import PAGE_SIZE, SUMMARY_PRECISIONS, LocksConfig
+from ..config import PAGE_SIZE, SPARSE_DECODE_KERNELS, SUMMARY_PRECISIONS, LocksConfig
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ FLAGS = {
     "summary_precision": "--locks-summary-precision",
     "prefilter": "--locks-prefilter",
     "prefilter_rank": "--locks-prefilter-rank",
+    "sparse_decode": "--locks-sparse-decode",
 }
 # SGLang: the KV cache must hold what the summaries and FlashInfer sparse decode read as is.
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
@@ -67,6 +68,8 @@ def add_locks_args(_result, parser: argparse.ArgumentParser) -> None:
                         "request and KV head in full (0: every page in full).")
     g.add_argument("--locks-prefilter-rank", type=int, default=_DEFAULTS.prefilter_rank,
                    help="Ranks of each page's summary in the prefilter's estimate, 0..--locks-rank (0: centroid only).")
+    g.add_argument("--locks-sparse-decode", choices=SPARSE_DECODE_KERNELS, default=_DEFAULTS.sparse_decode,
+                   help="Kernel attending the selected pages: triton (split over pages) or FlashInfer's batch decode.")
     g.add_argument("--locks-summary-precision", choices=SUMMARY_PRECISIONS, default=_DEFAULTS.summary_precision,
                    help="Storage of the page summaries.")
 
@@ -87,7 +90,7 @@ def locks_config_from_args(ns: argparse.Namespace) -> Optional[LocksConfig]:
                              local_pages=ns.locks_local_pages, dense_layers=tuple(ns.locks_dense_layers),
                              summary_precision=ns.locks_summary_precision, min_context=min_context,
                              min_step_tokens=ns.locks_min_step_tokens, prefilter=ns.locks_prefilter,
-                             prefilter_rank=ns.locks_prefilter_rank)
+                             prefilter_rank=ns.locks_prefilter_rank, sparse_decode=ns.locks_sparse_decode)
     except ValueError as e:
         raise _flag_error(str(e)) from None
     if config.local_pages < 1:

@@ -1,0 +1,207 @@
+"""score_pages_gluon for G = 16 query heads per KV head (GLM-4-9B-1M), with the heads on the tensor cores' rows.
+
+At G = 16 (GLM-4-9B-1M) score_pages_gluon spends most of its 147 instructions per (page, KV head) after the
+basis mma (CPU SASS count): scaling the product, converting it to the per-key mma's B operand, the
+exponentials, and summing each page's 16 keys across lanes (shuffles). Here the query planes are the rows
+of the basis mma (32 rows: per 16-row tile, plane 0 of 8 heads then plane 1 of the same heads, so that a
+thread holds both planes of a head and adds them in registers), the pair's 16 basis rows its columns. The
+folded product [16 heads, 16 (page, rank)] is already the per-key mma's A operand (a C fragment reused
+as A, as flash attention reuses P), the coefficients its block-diagonal B [16 (page, rank), 32 (page, key)],
+and each page's keys lie along a quad of lanes and in registers (2 shuffle rounds). The centroid term
+reuses the query planes as A against the step's centroids as B.
+
+H200, one layer, against score_pages_gluon in the same run (results/score_heads_ab_s16.json): GLM-4-9B-1M
+bs=1 1M 43.7 vs 49.9 us, 256K 15.1 vs 19.5, 128K 9.7 vs 14.0; bs=8 256K 80.4 vs 90.1.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from .score_pages import LOG2E, score_chunks, score_outputs
+from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _stage_copy,
+                                _step_records, _unpack_int4_x16, gluon_applies)
+
+_LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _score_pages_heads_kernel(
+    q_ptr, stride_qb, stride_qh,
+    mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
+    req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
+    scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
+    max_pages, n_chunks, scale_log2,
+    HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    G: gl.constexpr = 16               # query heads per KV head
+    MQ: gl.constexpr = 2 * G           # query plane rows
+    R: gl.constexpr = 8
+    HALF: gl.constexpr = D // 2
+    BP: gl.constexpr = 2 * PAIRS       # pages per step
+    MU_ROWS: gl.constexpr = 16 if BP < 16 else BP
+    mma3: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1, 1],
+                                                  instr_shape=[1, 16, 8])
+    mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, 8])
+    a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma3, k_width=4)
+    b8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma3, k_width=4)
+    a16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma3, k_width=2)
+    b16: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma3, k_width=2)
+    a8m: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=4)
+    b8m: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma2, k_width=4)
+    blk: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[8, 4],
+                                         warps_per_cta=[num_warps, 1], order=[1, 0])
+    sw_v: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=2, max_phase=4, order=[2, 1, 0])
+    flat3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    sw_m: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=4, order=[1, 0])
+    smem_v = gl.allocate_shared_memory(gl.uint8, [STAGES, BP, R, HALF], sw_v)
+    smem_c = gl.allocate_shared_memory(gl.int8, [STAGES, BP, R, PAGE], flat3)
+    smem_m = gl.allocate_shared_memory(gl.int8, [STAGES, MU_ROWS, D], sw_m)
+    smem_s = gl.allocate_shared_memory(gl.float32, [STAGES, BP, R], flat2)
+    smem_u = gl.allocate_shared_memory(gl.float32, [STAGES, MU_ROWS], flat1)
+
+    row = gl.program_id(0)
+    chunk = gl.program_id(1)
+    b = row // HKV
+    h = row % HKV
+    n_sealed = gl.minimum(gl.load(seq_lens_ptr + b) // PAGE, max_pages)
+    table = req_to_token_ptr + gl.load(req_pool_ptr + b).to(gl.int64) * stride_rt
+    row_chunk = gl.cdiv(gl.cdiv(n_sealed, n_chunks), BP) * BP
+    start = chunk * row_chunk
+    end = gl.minimum(start + row_chunk, n_sealed)
+    n_last = gl.maximum(end - 1, 0)
+    n_steps = gl.cdiv(end - start, BP)
+
+    for z in gl.static_range(STAGES - 1):
+        rec = _step_records(table, h, start + z * BP, n_last, BP, HKV, PAGE, num_warps)
+        _stage_copy(smem_v.index(z), smem_c.index(z), smem_m.index(z), smem_s.index(z), smem_u.index(z),
+                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec, BP, D, PAGE, num_warps)
+    rec_next = _step_records(table, h, start + (STAGES - 1) * BP, n_last, BP, HKV, PAGE, num_warps)
+
+    # Query plane rows m: head (m // 16) * 8 + m % 8, plane (m // 8) % 2; q1 = round(q / s), q2 = round((q / s - q1) * 254).
+    qm, qk = _idx2(MQ, HALF, blk)
+    head = (qm // 16) * 8 + qm % 8
+    second = ((qm // 8) % 2) == 1
+    ptr = q_ptr + b * stride_qb + (h * G + head) * stride_qh + qk
+    lo = gl.load(ptr).to(gl.float32)
+    hi = gl.load(ptr + HALF).to(gl.float32)
+    amax = gl.maximum(gl.max(gl.abs(lo), 1), gl.max(gl.abs(hi), 1))     # [MQ] per row = per head
+    s1 = gl.where(amax > 0, amax / 127.0, 1.0)
+    s = gl.expand_dims(s1, 1)
+    lo = lo / s
+    hi = hi / s
+    lo1 = gl.floor(lo + 0.5)
+    hi1 = gl.floor(hi + 0.5)
+    q_lo = gl.where(second, gl.floor((lo - lo1) * 254.0 + 0.5), lo1).to(gl.int8)
+    q_hi = gl.where(second, gl.floor((hi - hi1) * 254.0 + 0.5), hi1).to(gl.int8)
+    za = gl.zeros([PAIRS, MQ, HALF], gl.int8, a8)
+    qa_lo = gl.expand_dims(gl.convert_layout(q_lo, gl.SliceLayout(0, a8)), 0) + za
+    qa_hi = gl.expand_dims(gl.convert_layout(q_hi, gl.SliceLayout(0, a8)), 0) + za
+    qm_lo = gl.convert_layout(q_lo, a8m)
+    qm_hi = gl.convert_layout(q_hi, a8m)
+
+    # the basis product's layout once the planes are split off: [PAIRS, 2 tiles, 8 heads, 16 (page, rank)]
+    spl: gl.constexpr = gl.split(gl.permute(gl.reshape(gl.zeros([PAIRS, MQ, 16], gl.int32, mma3),
+                                                       [PAIRS, 2, 2, 8, 16]), (0, 1, 3, 4, 2)))[0].type.layout
+    s_head = gl.convert_layout(gl.max(gl.reshape(gl.convert_layout(s1, gl.SliceLayout(1, blk)), [2, 2, 8]), 1),
+                               gl.SliceLayout(0, gl.SliceLayout(3, spl)))              # [2 tiles, 8 heads]
+    w_head = gl.expand_dims(gl.expand_dims(s_head * (scale_log2 / 254.0), 0), 3)       # [1, 2, 8, 1]
+    spm: gl.constexpr = gl.split(gl.permute(gl.reshape(gl.zeros([MQ, BP], gl.int32, mma2), [2, 2, 8, BP]),
+                                            (0, 2, 3, 1)))[0].type.layout
+    w_mu = gl.expand_dims(gl.convert_layout(s_head * (scale_log2 / 254.0), gl.SliceLayout(2, spm)), 2)  # [2, 8, 1]
+
+    cvec: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 16, 2], [num_warps, 1, 1], [2, 1, 0])
+    # block-diagonal mask of the coefficient operand: (page of the pair, rank) x (page of the pair, key)
+    _, bk, bn = _idx3(PAIRS, 16, 2 * PAGE, b16)
+    b_live = (bk // R) == (bn // PAGE)
+    ep: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [num_warps, 1], [1, 0])        # [G, BP] scores, 4 pages per thread
+    pos_head, pos_page = _idx2(G, BP, ep)
+    pos_head, pos_page = gl.broadcast(pos_head, pos_page)
+    out_row = (b * HKV * G + h * G + pos_head).to(gl.int64)
+    run_m = gl.where(pos_head >= 0, float("-inf"), 0.0)
+    run_s = gl.zeros_like(run_m)
+
+    for it in range(n_steps):
+        gl.thread_barrier()
+        ns = ((it + STAGES - 1) % STAGES).to(gl.int32)
+        _stage_copy(smem_v.index(ns), smem_c.index(ns), smem_m.index(ns), smem_s.index(ns), smem_u.index(ns),
+                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec_next, BP, D, PAGE, num_warps)
+        rec_next = _step_records(table, h, start + (it + STAGES) * BP, n_last, BP, HKV, PAGE, num_warps)
+        async_copy.wait_group(STAGES - 1)
+        gl.thread_barrier()
+        st = (it % STAGES).to(gl.int32)
+        p0 = start + it * BP
+
+        # basis rows [(page, rank)] as the columns: B [PAIRS, 64 bytes (K), 16]
+        vb = smem_v.index(st).reshape([PAIRS, 16, HALF]).permute([0, 2, 1]).load(b8)
+        v_lo, v_hi = _unpack_int4_x16(vb)
+        acc = mma_v2(qa_lo, v_lo, gl.zeros([PAIRS, MQ, 16], gl.int32, mma3))
+        acc = mma_v2(qa_hi, v_hi, acc)
+        # planes: rows r and r + 8 of each 16-row tile, one thread's registers
+        a0, a1 = gl.split(gl.permute(gl.reshape(acc, [PAIRS, 2, 2, 8, 16]), (0, 1, 3, 4, 2)))
+        cs = smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(1, gl.SliceLayout(2, spl))) * 0.0625
+        proj = (a0 * 254 + a1).to(gl.float32) * w_head * gl.expand_dims(gl.expand_dims(cs, 1), 2)
+        proj = gl.convert_layout(gl.reshape(proj, [PAIRS, G, 16]).to(gl.float16), a16)
+        # coefficients [PAIRS, 16 (page, rank), 16 keys] (16-byte rows), to fp16 in the operand layout, then
+        # block-diagonal [PAIRS, 16, 32 (page, key)]: each key column twice, the other page's half zero
+        c = smem_c.index(st).reshape([PAIRS, 16, PAGE]).load(cvec)
+        cf = gl.convert_layout(_int8_to_f16(c), b16)
+        cbd = gl.reshape(gl.permute(gl.join(cf, cf), (0, 1, 3, 2)), [PAIRS, 16, 2 * PAGE])
+        cbd = gl.where(b_live, gl.convert_layout(cbd, b16), 0.0)
+        local = mma_v2(proj, cbd, gl.zeros([PAIRS, G, 2 * PAGE], gl.float32, mma3))
+        mass = gl.sum(gl.exp2(gl.minimum(gl.reshape(local, [PAIRS, G, 2, PAGE]), 120.0)), 3)   # [PAIRS, G, 2]
+        lse = gl.convert_layout(gl.reshape(gl.permute(_lg2(mass), (1, 0, 2)), [G, BP]), ep)
+
+        # q . mu: the query planes against the step's centroids [64 bytes (K), BP]
+        mu = smem_m.index(st).slice(0, BP, 0)
+        mu_lo = mu.slice(0, HALF, 1).permute([1, 0]).load(b8m)
+        mu_hi = mu.slice(HALF, HALF, 1).permute([1, 0]).load(b8m)
+        qmu = mma_v2(qm_hi, mu_hi, mma_v2(qm_lo, mu_lo, gl.zeros([MQ, BP], gl.int32, mma2)))
+        m0, m1 = gl.split(gl.permute(gl.reshape(qmu, [2, 2, 8, BP]), (0, 2, 3, 1)))
+        mu_scale = smem_u.index(st).slice(0, BP, 0).load(gl.SliceLayout(0, gl.SliceLayout(0, spm)))
+        qmu = (m0 * 254 + m1).to(gl.float32) * w_mu * gl.expand_dims(gl.expand_dims(mu_scale, 0), 0)
+        s2 = lse + gl.convert_layout(gl.reshape(qmu, [G, BP]), ep)
+
+        p = p0 + pos_page
+        valid = p < end
+        s2 = gl.where(valid, s2, float("-inf"))
+        gl.store(scores_ptr + out_row * max_pages + p, s2 * _LN2, mask=valid)
+        bm = gl.maximum(run_m, s2)
+        run_s = run_s * gl.exp2(run_m - bm) + gl.where(valid, gl.exp2(s2 - bm), 0.0)
+        run_m = bm
+    async_copy.wait_group(0)
+
+    hm = gl.max(run_m, 1)
+    hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, 1)), 0.0), 1)
+    gg = gl.arange(0, G, layout=hm.type.layout)
+    part = (b * HKV * G + h * G + gg).to(gl.int64) * part_stride + part_first + chunk
+    gl.store(part_max_ptr + part, hm * _LN2)
+    gl.store(part_sum_ptr + part, hs)
+
+
+def score_pages_gluon_heads(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
+                            chunk_pages=None, out=None, pairs=STEP_PAIRS, stages=SMEM_STAGES):
+    """score_pages_gluon's launch (same arguments, outputs and chunking) for 16 query heads per KV head."""
+    if not gluon_applies(q, summaries) or q.shape[1] != 16 * summaries.num_kv_heads:
+        raise ValueError("score_pages_gluon_heads needs score_pages_gluon's conditions and 16 query heads per KV head")
+    bsz, hq, d = q.shape
+    hkv = summaries.num_kv_heads
+    chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, 2 * pairs, chunk_pages)
+    scores, part_max, part_sum, first = score_outputs(bsz, hq, max_pages, n_chunks, q.device, out)
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    _score_pages_heads_kernel[(bsz * hkv, n_chunks)](
+        q, q.stride(0), q.stride(1),
+        summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
+        req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
+        scores, part_max, part_sum, part_max.shape[-1], first,
+        max_pages, n_chunks, sm_scale * LOG2E,
+        HKV=hkv, D=d, PAGE=16, PAIRS=pairs, STAGES=stages, num_warps=1,
+    )
+    return scores, part_max, part_sum

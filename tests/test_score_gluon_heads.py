@@ -1,0 +1,29 @@
+"""The G = 16 score kernel (score_pages_gluon_heads) against the float64 reference and score_pages_gluon (GPU)."""
+
+import pytest
+import torch
+
+from helpers import assert_chunk_partials, random_cache
+from sglang_locks.kernels.score_pages import score_pages_torch
+from sglang_locks.kernels.score_pages_gluon import STEP_PAIRS, score_pages_gluon
+from sglang_locks.kernels.score_pages_gluon_heads import score_pages_gluon_heads
+
+CASES = [([16 * 33], 1), ([16 * 37 + 5, 47, 3, 16 * 40], 2), ([0, 16 * 65 + 15, 200], 4), ([16 * 301 + 9, 16], 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq_lens, hkv", CASES)
+@pytest.mark.parametrize("chunk_pages", [None, 24, 200])
+def test_heads_rows_scores_match_float64_reference(seq_lens, hkv, chunk_pages, device):
+    c = random_cache(seq_lens, hkv, 128, device=device, seed=len(seq_lens) + hkv)
+    q = torch.randn(len(seq_lens), hkv * 16, 128, device=device).bfloat16()
+    max_pages = max(seq_lens) // 16 + 3
+    args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"].long(), max_pages, 128**-0.5)
+    scores, part_max, part_sum = score_pages_gluon_heads(q, *args, chunk_pages=chunk_pages)
+    ref = score_pages_torch(q.double(), *args)
+    finite = torch.isfinite(ref)
+    assert torch.isfinite(scores[finite]).all()
+    assert torch.allclose(scores[finite].double(), ref[finite], atol=1e-3, rtol=1e-3)
+    rows_pages = score_pages_gluon(q, *args, chunk_pages=chunk_pages)[0]
+    assert torch.allclose(scores[finite], rows_pages[finite], atol=1e-3, rtol=1e-3)
+    assert_chunk_partials(part_max, part_sum, ref, c["seq_lens"], 2 * STEP_PAIRS, 1e-3)

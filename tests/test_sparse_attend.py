@@ -1,0 +1,112 @@
+"""The split-page sparse attention kernel against the float32 reference (Triton interpreter on CPU, or the GPU)."""
+
+import pytest
+import torch
+
+from helpers import random_cache
+from sglang_locks.kernels.selected_indices import selected_indices_torch
+from sglang_locks.kernels.sparse_attend import SparseAttendBuffers, attend_launch, sparse_attend_triton
+from sglang_locks.selection import selected_pages
+from sglang_locks.sparse_decode import dense_decode_reference, sparse_decode_reference
+
+SHAPES = [  # seq_lens, KV heads, group, budget pages
+    ([16 * 40 + 5, 7, 16 * 29], 2, 4, 24),
+    ([16 * 50 + 11], 1, 16, 40),
+    ([9, 16 * 14 + 1, 16 * 20, 300], 2, 8, 8),
+    ([16 * 26 + 15, 40], 2, 1, 10),
+]
+
+
+def _rows(c, hkv, budget_pages, seed):
+    """Random page picks per (request, KV head) row, as FlashInfer entries, and the rows' last page lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = c["seq_lens"].cpu()
+    max_pages = max(1, int(seq_lens.max()) // 16)
+    rows = seq_lens.numel() * hkv
+    sel = torch.stack([torch.randperm(max_pages, generator=gen)[: min(budget_pages, max_pages)] for _ in range(rows)])
+    indptr, indices = selected_indices_torch(sel, c["req_to_token"].cpu(), c["req_pool_indices"].cpu(), seq_lens,
+                                             hkv, budget_pages)
+    _, last_page_len = selected_pages(seq_lens, hkv, budget_pages)
+    return indptr, indices, last_page_len
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("seq_lens, hkv, group, budget_pages", SHAPES)
+@pytest.mark.parametrize("splits, pages_per_iter", [(1, 4), (4, 2), (16, 8), (8, 4)])
+def test_sparse_attend_matches_reference(device, seq_lens, hkv, group, budget_pages, splits, pages_per_iter):
+    c = random_cache(seq_lens, hkv, 128, device=device, seed=group + splits)
+    bsz = len(seq_lens)
+    q = torch.randn(bsz, hkv * group, 128, generator=torch.Generator().manual_seed(splits)).to(device, torch.bfloat16)
+    indptr, indices, last = _rows(c, hkv, budget_pages, seed=splits)
+    buffers = SparseAttendBuffers.in_workspace(torch.empty(1 << 20, dtype=torch.uint8, device=device), group, 128)
+    args = (q, c["k_cache"], c["v_cache"], indptr.to(device), indices.to(device), last.to(device), bsz * hkv, splits,
+            128**-0.5, buffers)
+    out = sparse_attend_triton(*args, pages_per_iter=pages_per_iter)
+    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, indices, last, hkv, 128**-0.5)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert _rel(out, ref) < 1e-2
+
+
+def test_budget_over_context_is_dense_attention(device):
+    """Every page selected (budget >= context): the kernel is dense attention of each request."""
+    seq_lens, hkv, group = [16 * 9 + 3, 16 * 5, 2], 2, 4
+    c = random_cache(seq_lens, hkv, 128, device=device, seed=5)
+    bsz = len(seq_lens)
+    q = torch.randn(bsz, hkv * group, 128, generator=torch.Generator().manual_seed(5)).to(device, torch.bfloat16)
+    indptr, indices, last = _rows(c, hkv, 64, seed=5)
+    out = sparse_attend_triton(q, c["k_cache"], c["v_cache"], indptr.to(device), indices.to(device),
+                               last.to(device), bsz * hkv, 4, 128**-0.5)
+    dense = dense_decode_reference(q, c["k_cache"], c["v_cache"], c["req_to_token"], c["req_pool_indices"],
+                                   c["seq_lens"], 128**-0.5)
+    assert _rel(out, dense) < 1e-2
+
+
+@pytest.mark.parametrize("rows, pages, sms, expected", [
+    (8, 129, 132, (32, 8)),    # Llama-3.1-8B bs=1 at budget 2048: parts of 4-5 pages, loaded at once
+    (2, 129, 132, (32, 8)),    # GLM-4-9B-1M bs=1
+    (32, 129, 132, (16, 4)),   # Llama bs=4: parts of 8-9 pages, 4 at a time
+    (64, 129, 132, (8, 4)),    # bs=8
+    (8, 3, 132, (1, 8)),       # short rows: one part
+    (1, 10_000, 132, (64, 4)),
+])
+def test_attend_launch(rows, pages, sms, expected):
+    assert attend_launch(rows, pages, sms) == expected
+
+
+@pytest.mark.parametrize("splits, match", [
+    (3, "splits must be a power of two"),
+    (0, "splits must be a power of two"),
+    (8, "buffers hold 4 row parts: got 1 rows of 8"),
+])
+def test_bad_launch_arguments(splits, match):
+    q = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(32, 1, 128, dtype=torch.bfloat16)
+    buffers = SparseAttendBuffers.allocate(4, 8, 128, "cpu")
+    with pytest.raises(ValueError, match=match):
+        sparse_attend_triton(q, cache, cache, torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([16]), 1, splits,
+                             0.1, buffers)
+
+
+@pytest.mark.parametrize("budget", [64, 2048])  # 4 of 9-20 pages per row; every page (dense attention)
+def test_locks_decode_step_with_the_triton_sparse_decode(device, budget):
+    """A whole LOCKS step (score, select, attend) through LocksDecode: attention over the pages it selected
+    (test_selection checks the picks), and dense attention when the budget covers the context."""
+    from sglang_locks.config import LocksConfig
+    from sglang_locks.decode import LocksDecode
+
+    seq_lens, hkv, group = [16 * 9 + 3, 16 * 20, 16 * 12 + 15], 2, 4
+    c = random_cache(seq_lens, hkv, 128, device=device, seed=budget)
+    cfg = LocksConfig(token_budget=budget, sparse_decode="triton")
+    q = torch.randn(len(seq_lens), hkv * group, 128, generator=torch.Generator().manual_seed(3)).to(device, torch.bfloat16)
+    dec = LocksDecode(cfg, torch.empty(1 << 24, dtype=torch.uint8, device=device), hkv * group, hkv, 128, len(seq_lens))
+    dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
+    tables = (c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
+    out = dec.run(q, c["k_cache"], c["v_cache"], c["summaries"], *tables)
+    indptr, last = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
+    picked = dec.sparse.indices[: int(indptr[-1])]
+    assert _rel(out, sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, picked, last, hkv, 128**-0.5)) < 1e-2
+    if budget >= max(seq_lens):
+        assert _rel(out, dense_decode_reference(q, c["k_cache"], c["v_cache"], *tables, 128**-0.5)) < 1e-2
