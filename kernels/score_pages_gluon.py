@@ -149,6 +149,85 @@ def _stage_copy(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_
 
 
 @gluon.jit
+def _stage_buffers(STAGES: gl.constexpr, BP: gl.constexpr, MU_ROWS: gl.constexpr, D: gl.constexpr,
+                   PAGE: gl.constexpr):
+    """Shared memory for STAGES steps of summaries: basis, coefficients, centroids, coefficient scales,
+    centroid scales. Rows of 16-byte copies; the basis rows swizzled so that the eight rows one mma fragment
+    reads hit distinct banks."""
+    R: gl.constexpr = 8
+    sw_v: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=2, max_phase=4, order=[2, 1, 0])
+    flat3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    flat1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    flat2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    # centroid rows (128 bytes) swizzled in 16-byte units within each half: the mma's row fetches meet 2-way, not
+    # 8-way, bank conflicts (GLM-4-9B-1M 1M: 58.7 -> 53.1 us, results/score_mu_swizzle_ab_s15.json)
+    sw_m: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=4, order=[1, 0])
+    smem_v = gl.allocate_shared_memory(gl.uint8, [STAGES, BP, R, D // 2], sw_v)
+    smem_c = gl.allocate_shared_memory(gl.int8, [STAGES, BP, R, PAGE], flat3)
+    smem_m = gl.allocate_shared_memory(gl.int8, [STAGES, MU_ROWS, D], sw_m)
+    smem_s = gl.allocate_shared_memory(gl.float32, [STAGES, BP, R], flat2)
+    smem_u = gl.allocate_shared_memory(gl.float32, [STAGES, MU_ROWS], flat1)
+    return smem_v, smem_c, smem_m, smem_s, smem_u
+
+
+@gluon.jit
+def _row_span(req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, max_pages, n_chunks, BP: gl.constexpr,
+              HKV: gl.constexpr, PAGE: gl.constexpr):
+    """The program's (request b, KV head h), its request's page table and its chunk's sealed pages
+    [start, end), n_last = end - 1 (or 0), in steps of BP pages."""
+    row = gl.program_id(0)
+    chunk = gl.program_id(1)
+    b = row // HKV
+    h = row % HKV
+    n_sealed = gl.minimum(gl.load(seq_lens_ptr + b) // PAGE, max_pages)
+    table = req_to_token_ptr + gl.load(req_pool_ptr + b).to(gl.int64) * stride_rt
+    row_chunk = gl.cdiv(gl.cdiv(n_sealed, n_chunks), BP) * BP
+    start = chunk * row_chunk
+    end = gl.minimum(start + row_chunk, n_sealed)
+    return b, h, table, start, end, gl.maximum(end - 1, 0), gl.cdiv(end - start, BP)
+
+
+@gluon.jit
+def _prologue(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr,
+              table, h, start, n_last, BP: gl.constexpr, HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+              STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """The first STAGES - 1 steps in flight; returns the records of the next one."""
+    for z in gl.static_range(STAGES - 1):
+        rec = _step_records(table, h, start + z * BP, n_last, BP, HKV, PAGE, num_warps)
+        _stage_copy(smem_v.index(z), smem_c.index(z), smem_m.index(z), smem_s.index(z), smem_u.index(z),
+                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec, BP, D, PAGE, num_warps)
+    return _step_records(table, h, start + (STAGES - 1) * BP, n_last, BP, HKV, PAGE, num_warps)
+
+
+@gluon.jit
+def _next_step(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr,
+               rec_next, it, table, h, start, n_last, BP: gl.constexpr, HKV: gl.constexpr, D: gl.constexpr,
+               PAGE: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Step it of the page loop: the step STAGES - 1 ahead copied into the stage read last step (every thread is
+    past its reads), the page ids a step further ahead loaded (they overlap this step), step it's stage awaited.
+    Returns (those page ids, step it's stage, its first page)."""
+    gl.thread_barrier()
+    ns = ((it + STAGES - 1) % STAGES).to(gl.int32)   # int64 with SGLang's int64 lengths
+    _stage_copy(smem_v.index(ns), smem_c.index(ns), smem_m.index(ns), smem_s.index(ns), smem_u.index(ns),
+                basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec_next, BP, D, PAGE, num_warps)
+    rec_next = _step_records(table, h, start + (it + STAGES) * BP, n_last, BP, HKV, PAGE, num_warps)
+    async_copy.wait_group(STAGES - 1)
+    gl.thread_barrier()
+    return rec_next, (it % STAGES).to(gl.int32), start + it * BP
+
+
+@gluon.jit
+def _store_scores(scores_ptr, out_row, max_pages, p, valid, s2, run_m, run_s):
+    """Store a step's scores s2 (log2 domain; pages p where valid) in nats and fold them into the running
+    per-position (max, sum) of the chunk's partials. Returns the new (run_m, run_s)."""
+    s2 = gl.where(valid, s2, float("-inf"))
+    gl.store(scores_ptr + out_row * max_pages + p, s2 * _LN2, mask=valid)
+    bm = gl.maximum(run_m, s2)
+    run_s = run_s * gl.exp2(run_m - bm) + gl.where(valid, gl.exp2(s2 - bm), 0.0)
+    return bm, run_s
+
+
+@gluon.jit
 def _score_pages_gluon_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
@@ -175,44 +254,16 @@ def _score_pages_gluon_kernel(
     b8m: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma2, k_width=4)
     blk: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[4, 8],
                                          warps_per_cta=[1, num_warps], order=[0, 1])
-    # Shared memory: STAGES steps of summaries. Rows of 16-byte copies; the basis rows swizzled so that
-    # the eight rows one mma fragment reads hit distinct banks.
-    sw_v: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=2, max_phase=4, order=[2, 1, 0])
-    flat3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
-    flat1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    flat2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    smem_v = gl.allocate_shared_memory(gl.uint8, [STAGES, BP, R, HALF], sw_v)
-    smem_c = gl.allocate_shared_memory(gl.int8, [STAGES, BP, R, PAGE], flat3)
-    # centroid rows (128 bytes) swizzled in 16-byte units within each half: the mma's row fetches meet 2-way, not
-    # 8-way, bank conflicts (GLM-4-9B-1M 1M: 58.7 -> 53.1 us, results/score_mu_swizzle_ab_s15.json)
-    sw_m: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=4, order=[1, 0])
-    smem_m = gl.allocate_shared_memory(gl.int8, [STAGES, MU_ROWS, D], sw_m)
-    smem_s = gl.allocate_shared_memory(gl.float32, [STAGES, BP, R], flat2)
-    smem_u = gl.allocate_shared_memory(gl.float32, [STAGES, MU_ROWS], flat1)
-
-    row = gl.program_id(0)
-    chunk = gl.program_id(1)
-    b = row // HKV
-    h = row % HKV
-    n_sealed = gl.minimum(gl.load(seq_lens_ptr + b) // PAGE, max_pages)
-    table = req_to_token_ptr + gl.load(req_pool_ptr + b).to(gl.int64) * stride_rt
-    row_chunk = gl.cdiv(gl.cdiv(n_sealed, n_chunks), BP) * BP
-    start = chunk * row_chunk
-    end = gl.minimum(start + row_chunk, n_sealed)
-    n_last = gl.maximum(end - 1, 0)
-    n_steps = gl.cdiv(end - start, BP)
-
+    smem_v, smem_c, smem_m, smem_s, smem_u = _stage_buffers(STAGES, BP, MU_ROWS, D, PAGE)
+    b, h, table, start, end, n_last, n_steps = _row_span(req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
+                                                         max_pages, n_chunks, BP, HKV, PAGE)
     if BP < MU_ROWS:  # centroid rows past the step's pages stay zero
         zl2: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
         for z in gl.static_range(STAGES):
             smem_m.index(z).store(gl.zeros([MU_ROWS, D], gl.int8, zl2))
             smem_u.index(z).store(gl.zeros([MU_ROWS], gl.float32, gl.BlockedLayout([1], [32], [num_warps], [0])))
-    # Prologue: the first STAGES - 1 steps in flight, the records of the next one loaded.
-    for z in gl.static_range(STAGES - 1):
-        rec = _step_records(table, h, start + z * BP, n_last, BP, HKV, PAGE, num_warps)
-        _stage_copy(smem_v.index(z), smem_c.index(z), smem_m.index(z), smem_s.index(z), smem_u.index(z),
-                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec, BP, D, PAGE, num_warps)
-    rec_next = _step_records(table, h, start + (STAGES - 1) * BP, n_last, BP, HKV, PAGE, num_warps)
+    rec_next = _prologue(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr,
+                         mu_scale_ptr, table, h, start, n_last, BP, HKV, D, PAGE, STAGES, num_warps)
 
     # Query columns n = 2 head + plane: q1 = round(q / s) (plane 0), q2 = round((q / s - q1) * 254).
     qk, qn = _idx2(HALF, NC, blk)
@@ -254,17 +305,9 @@ def _score_pages_gluon_kernel(
     run_s = gl.zeros_like(run_m)
 
     for it in range(n_steps):
-        # the step STAGES - 1 ahead into the stage read last step (every thread is past its reads)
-        gl.thread_barrier()
-        ns = ((it + STAGES - 1) % STAGES).to(gl.int32)   # int64 with SGLang's int64 lengths
-        _stage_copy(smem_v.index(ns), smem_c.index(ns), smem_m.index(ns), smem_s.index(ns), smem_u.index(ns),
-                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec_next, BP, D, PAGE, num_warps)
-        # the page ids a step further ahead: their loads overlap this step
-        rec_next = _step_records(table, h, start + (it + STAGES) * BP, n_last, BP, HKV, PAGE, num_warps)
-        async_copy.wait_group(STAGES - 1)
-        gl.thread_barrier()
-        st = (it % STAGES).to(gl.int32)
-        p0 = start + it * BP
+        rec_next, st, p0 = _next_step(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr,
+                                      coef_scale_ptr, mu_scale_ptr, rec_next, it, table, h, start, n_last, BP, HKV,
+                                      D, PAGE, STAGES, num_warps)
 
         vb = smem_v.index(st).reshape([PAIRS, 16, HALF]).load(a8)
         cs = gl.expand_dims(smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(2, spl)), 2) * 0.0625
@@ -294,18 +337,13 @@ def _score_pages_gluon_kernel(
         s2 = lse + gl.convert_layout(qmu, ep)
 
         p = p0 + pos_page
-        valid = (p < end) & (pos_head < G)
-        s2 = gl.where(valid, s2, float("-inf"))
-        gl.store(scores_ptr + out_row * max_pages + p, s2 * _LN2, mask=valid)
-        bm = gl.maximum(run_m, s2)
-        run_s = run_s * gl.exp2(run_m - bm) + gl.where(valid, gl.exp2(s2 - bm), 0.0)
-        run_m = bm
+        run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, (p < end) & (pos_head < G), s2, run_m, run_s)
     async_copy.wait_group(0)
 
     hm = gl.max(run_m, 0)
     hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, 0)), 0.0), 0)
     gg = gl.arange(0, GH, layout=hm.type.layout)
-    part = (b * HKV * G + h * G + gg).to(gl.int64) * part_stride + part_first + chunk
+    part = (b * HKV * G + h * G + gg).to(gl.int64) * part_stride + part_first + gl.program_id(1)  # the chunk
     gl.store(part_max_ptr + part, hm * _LN2, mask=gg < G)
     gl.store(part_sum_ptr + part, hs, mask=gg < G)
 

@@ -21,8 +21,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .score_pages import LOG2E, score_chunks, score_outputs
-from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _stage_copy,
-                                _step_records, _unpack_int4_x16, gluon_applies)
+from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _prologue,
+                                _row_span, _stage_buffers, _store_scores, _unpack_int4_x16, gluon_applies)
 
 _LN2 = gl.constexpr(0.6931471805599453)
 
@@ -55,34 +55,11 @@ def _score_pages_heads_kernel(
     b8m: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma2, k_width=4)
     blk: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[8, 4],
                                          warps_per_cta=[num_warps, 1], order=[1, 0])
-    sw_v: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=2, max_phase=4, order=[2, 1, 0])
-    flat3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
-    flat1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    flat2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    sw_m: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=4, order=[1, 0])
-    smem_v = gl.allocate_shared_memory(gl.uint8, [STAGES, BP, R, HALF], sw_v)
-    smem_c = gl.allocate_shared_memory(gl.int8, [STAGES, BP, R, PAGE], flat3)
-    smem_m = gl.allocate_shared_memory(gl.int8, [STAGES, MU_ROWS, D], sw_m)
-    smem_s = gl.allocate_shared_memory(gl.float32, [STAGES, BP, R], flat2)
-    smem_u = gl.allocate_shared_memory(gl.float32, [STAGES, MU_ROWS], flat1)
-
-    row = gl.program_id(0)
-    chunk = gl.program_id(1)
-    b = row // HKV
-    h = row % HKV
-    n_sealed = gl.minimum(gl.load(seq_lens_ptr + b) // PAGE, max_pages)
-    table = req_to_token_ptr + gl.load(req_pool_ptr + b).to(gl.int64) * stride_rt
-    row_chunk = gl.cdiv(gl.cdiv(n_sealed, n_chunks), BP) * BP
-    start = chunk * row_chunk
-    end = gl.minimum(start + row_chunk, n_sealed)
-    n_last = gl.maximum(end - 1, 0)
-    n_steps = gl.cdiv(end - start, BP)
-
-    for z in gl.static_range(STAGES - 1):
-        rec = _step_records(table, h, start + z * BP, n_last, BP, HKV, PAGE, num_warps)
-        _stage_copy(smem_v.index(z), smem_c.index(z), smem_m.index(z), smem_s.index(z), smem_u.index(z),
-                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec, BP, D, PAGE, num_warps)
-    rec_next = _step_records(table, h, start + (STAGES - 1) * BP, n_last, BP, HKV, PAGE, num_warps)
+    smem_v, smem_c, smem_m, smem_s, smem_u = _stage_buffers(STAGES, BP, MU_ROWS, D, PAGE)
+    b, h, table, start, end, n_last, n_steps = _row_span(req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
+                                                         max_pages, n_chunks, BP, HKV, PAGE)
+    rec_next = _prologue(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr,
+                         mu_scale_ptr, table, h, start, n_last, BP, HKV, D, PAGE, STAGES, num_warps)
 
     # Query plane rows m: head (m // 16) * 8 + m % 8, plane (m // 8) % 2; q1 = round(q / s), q2 = round((q / s - q1) * 254).
     qm, qk = _idx2(MQ, HALF, blk)
@@ -128,15 +105,9 @@ def _score_pages_heads_kernel(
     run_s = gl.zeros_like(run_m)
 
     for it in range(n_steps):
-        gl.thread_barrier()
-        ns = ((it + STAGES - 1) % STAGES).to(gl.int32)
-        _stage_copy(smem_v.index(ns), smem_c.index(ns), smem_m.index(ns), smem_s.index(ns), smem_u.index(ns),
-                    basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr, mu_scale_ptr, rec_next, BP, D, PAGE, num_warps)
-        rec_next = _step_records(table, h, start + (it + STAGES) * BP, n_last, BP, HKV, PAGE, num_warps)
-        async_copy.wait_group(STAGES - 1)
-        gl.thread_barrier()
-        st = (it % STAGES).to(gl.int32)
-        p0 = start + it * BP
+        rec_next, st, p0 = _next_step(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr,
+                                      coef_scale_ptr, mu_scale_ptr, rec_next, it, table, h, start, n_last, BP, HKV,
+                                      D, PAGE, STAGES, num_warps)
 
         # basis rows [(page, rank)] as the columns: B [PAIRS, 64 bytes (K), 16]
         vb = smem_v.index(st).reshape([PAIRS, 16, HALF]).permute([0, 2, 1]).load(b8)
@@ -169,18 +140,13 @@ def _score_pages_heads_kernel(
         s2 = lse + gl.convert_layout(gl.reshape(qmu, [G, BP]), ep)
 
         p = p0 + pos_page
-        valid = p < end
-        s2 = gl.where(valid, s2, float("-inf"))
-        gl.store(scores_ptr + out_row * max_pages + p, s2 * _LN2, mask=valid)
-        bm = gl.maximum(run_m, s2)
-        run_s = run_s * gl.exp2(run_m - bm) + gl.where(valid, gl.exp2(s2 - bm), 0.0)
-        run_m = bm
+        run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, p < end, s2, run_m, run_s)
     async_copy.wait_group(0)
 
     hm = gl.max(run_m, 1)
     hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, 1)), 0.0), 1)
     gg = gl.arange(0, G, layout=hm.type.layout)
-    part = (b * HKV * G + h * G + gg).to(gl.int64) * part_stride + part_first + chunk
+    part = (b * HKV * G + h * G + gg).to(gl.int64) * part_stride + part_first + gl.program_id(1)  # the chunk
     gl.store(part_max_ptr + part, hm * _LN2)
     gl.store(part_sum_ptr + part, hs)
 

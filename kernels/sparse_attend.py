@@ -34,8 +34,8 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, part_o, part_lse, qk_scale,
-                 HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PAGES: tl.constexpr,
-                 SPLITS: tl.constexpr, DOT_F32: tl.constexpr):
+                 HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                 PAGES: tl.constexpr, SPLITS: tl.constexpr, DOT_F32: tl.constexpr):
     """Program (row, split): the row's G query heads over one part of its pages."""
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -47,8 +47,9 @@ def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, p
     last = tl.load(last_page_len + row)
 
     heads = tl.arange(0, GP)
-    dims = tl.arange(0, D)
-    q = tl.load(q_ptr + (row * G + heads)[:, None] * D + dims[None, :], mask=(heads < G)[:, None], other=0.0)
+    dims = tl.arange(0, DP)  # head_dim padded to a power of two
+    live = (heads < G)[:, None] & (dims < D)[None, :]
+    q = tl.load(q_ptr + (row * G + heads)[:, None] * D + dims[None, :], mask=live, other=0.0)
     if DOT_F32:  # Triton's interpreter multiplies 16-bit floats wrongly
         q = q.to(tl.float32)
 
@@ -56,14 +57,15 @@ def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, p
     within = tok % PAGE
     m = tl.full([GP], -1.0e30, tl.float32)  # finite: an empty part must not make inf - inf
     l = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, D], tl.float32)
+    acc = tl.zeros([GP, DP], tl.float32)
     for p0 in range(lo, hi, PAGES):
         page = p0 + tok // PAGE
         valid = (page < hi) & ((page < end - 1) | (within < last))
         entry = tl.load(indices + page, mask=page < hi, other=0).to(tl.int64)
         offs = (entry * D + within * (HKV * D))[:, None] + dims[None, :]
-        k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
+        kv_mask = valid[:, None] & (dims < D)[None, :]
+        k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0)
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -78,27 +80,26 @@ def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, p
 
     o = acc / tl.maximum(l, 1.0e-30)[:, None]
     if SPLITS == 1:
-        tl.store(out_ptr + (row * G + heads)[:, None] * D + dims[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=(heads < G)[:, None])
+        tl.store(out_ptr + (row * G + heads)[:, None] * D + dims[None, :], o.to(out_ptr.dtype.element_ty), mask=live)
     else:
         part = (row * SPLITS + split) * G + heads
-        tl.store(part_o + part[:, None] * D + dims[None, :], o, mask=(heads < G)[:, None])
+        tl.store(part_o + part[:, None] * D + dims[None, :], o, mask=live)
         tl.store(part_lse + part, tl.where(l > 0, m + tl.log2(l), float("-inf")), mask=heads < G)
 
 
 @triton.jit
-def _merge_parts(part_o, part_lse, out_ptr, G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+def _merge_parts(part_o, part_lse, out_ptr, G: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr):
     """Program (row, query head): its parts' outputs weighted by their softmax mass."""
     row = tl.program_id(0)
     g = tl.program_id(1)
     parts = tl.arange(0, SPLITS)
-    dims = tl.arange(0, D)
+    dims = tl.arange(0, DP)
     idx = (row * SPLITS + parts) * G + g
     lse = tl.load(part_lse + idx)
     w = tl.exp2(lse - tl.max(lse, 0))  # a row has >= 1 page, so one part at least is finite
-    o = tl.load(part_o + idx[:, None] * D + dims[None, :])
+    o = tl.load(part_o + idx[:, None] * D + dims[None, :], mask=(dims < D)[None, :], other=0.0)
     res = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(out_ptr + (row * G + g) * D + dims, res.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + (row * G + g) * D + dims, res.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
 class SparseAttendBuffers:
@@ -144,14 +145,18 @@ def sparse_attend_triton(q, k_cache, v_cache, indptr, indices, last_page_len, ro
         part_o, part_lse = buffers.part_o, buffers.part_lse
     else:
         part_o = part_lse = q  # unused: one part writes the output itself
+    if q.dtype not in (torch.bfloat16, torch.float16) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"q and the KV cache must be bf16 or fp16 of one dtype, got {q.dtype}, {k_cache.dtype}, "
+                         f"{v_cache.dtype}")
+    dp = max(16, triton.next_power_of_2(d))
     q = q.contiguous()
     if out is None:
         out = torch.empty_like(q)
     _attend_part[(rows, splits)](q, k_cache, v_cache, indptr, indices, last_page_len, out, part_o, part_lse,
                                  sm_scale * LOG2E, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
-                                 PAGES=pages_per_iter, SPLITS=splits, DOT_F32=interpreted(), num_warps=4)
+                                 DP=dp, PAGES=pages_per_iter, SPLITS=splits, DOT_F32=interpreted(), num_warps=4)
     if splits > 1:
-        _merge_parts[(rows, g)](part_o, part_lse, out, G=g, D=d, SPLITS=splits, num_warps=4)
+        _merge_parts[(rows, g)](part_o, part_lse, out, G=g, D=d, DP=dp, SPLITS=splits, num_warps=4)
     return out
 
 

@@ -119,23 +119,28 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from sglang_locks.kernels import sparse_attend as m
-for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), D=128, PAGES=8, SPLITS=32,
+d = {head_dim}
+dp = max(16, triton.next_power_of_2(d))
+for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), D=d, DP=dp, PAGES=8, SPLITS=32,
                                          DOT_F32=False)),
-                   (m._merge_parts, dict(G={group}, D=128, SPLITS=32))):
+                   (m._merge_parts, dict(G={group}, D=d, DP=dp, SPLITS=32))):
     names = fn.arg_names
     sig = {{n: "constexpr" if n in consts else "fp32" if n == "qk_scale" else "*bf16" if n in ("q_ptr", "k_ptr", "v_ptr",
            "out_ptr") else "*fp32" if n.startswith("part") else "*i32" for n in names}}
-    src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    print(len(k.asm["cubin"]) > 0, "mma.sync" in k.asm["ptx"] or "wgmma" in k.asm["ptx"] or fn is m._merge_parts)
+    src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}},
+                    attrs={{(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n].startswith("*")}})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
+    attend = fn is m._attend_part
+    print("mma.sync" in ptx or not attend, "cp.async.cg.shared.global" in ptx or not attend)
 """
 
 
-@pytest.mark.parametrize("group", [1, 4, 16])
-def test_sparse_attend_kernels_build_for_sm90(group):
-    """The split-page sparse decode and its merge for the H200, its products on the tensor cores."""
+@pytest.mark.parametrize("group, head_dim", [(1, 128), (4, 128), (16, 128), (4, 96)])
+def test_sparse_attend_kernels_build_for_sm90(group, head_dim):
+    """The split-page sparse decode and its merge for the H200: products on the tensor cores, K and V gathered in
+    16-byte asynchronous copies (also at head_dim 96, padded to 128 in registers)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", ATTEND_BUILD.format(group=group)], env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", ATTEND_BUILD.format(group=group, head_dim=head_dim)], env=env,
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True"] * 4

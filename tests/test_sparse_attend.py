@@ -50,6 +50,27 @@ def test_sparse_attend_matches_reference(device, seq_lens, hkv, group, budget_pa
     assert _rel(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("dtype, head_dim", [(torch.float16, 128), (torch.bfloat16, 96), (torch.bfloat16, 64)])
+def test_sparse_attend_dtypes_and_head_dims(device, dtype, head_dim):
+    """fp16, and head dims other than 128 (96: not a power of two, padded in the kernel)."""
+    seq_lens, hkv, group = [16 * 21 + 7, 16 * 9], 2, 4
+    c = random_cache(seq_lens, hkv, head_dim, device=device, dtype=dtype, seed=head_dim)
+    q = torch.randn(2, hkv * group, head_dim, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    indptr, indices, last = _rows(c, hkv, 12, seed=1)
+    out = sparse_attend_triton(q, c["k_cache"], c["v_cache"], indptr.to(device), indices.to(device),
+                               last.to(device), 2 * hkv, 4, head_dim**-0.5)
+    ref = sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, indices, last, hkv, head_dim**-0.5)
+    assert out.dtype == dtype
+    assert _rel(out, ref) < 1e-2
+
+
+def test_mixed_dtypes_are_refused():
+    q = torch.zeros(1, 4, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(32, 1, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="bf16 or fp16 of one dtype"):
+        sparse_attend_triton(q, cache, cache, torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([16]), 1, 1, 0.1)
+
+
 def test_budget_over_context_is_dense_attention(device):
     """Every page selected (budget >= context): the kernel is dense attention of each request."""
     seq_lens, hkv, group = [16 * 9 + 3, 16 * 5, 2], 2, 4

@@ -34,7 +34,7 @@ for shape, hkv, hq, bsz in (("llama", 8, 32, 1), ("glm", 2, 32, 1), ("llama", 8,
                 return w
             flashinfer.BatchDecodeWithPagedKVCacheWrapper = make
             ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-            w = sd.SparseDecodeWrapper(ws, hq, hkv, 128, bsz, bsz * hkv * 130, use_cuda_graph=True)
+            w = sd.SparseDecodeWrapper(ws, hq, hkv, 128, bsz, bsz * hkv * 130, use_cuda_graph=True, kernel="flashinfer")
             lens = torch.full((bsz,), ctx, dtype=torch.int32)
             w.plan(lens, 128, torch.bfloat16, torch.bfloat16, 128 ** -0.5)
             if name == "nopdl":

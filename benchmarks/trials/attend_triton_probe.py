@@ -14,25 +14,15 @@ import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, "benchmarks/trials")
 from attention_decode import graph_ms
-from probe_inputs import random_selection
-from sglang_locks import sparse_decode as sd
+from probe_inputs import attend_inputs
 from sglang_locks.kernels.sparse_attend import SparseAttendBuffers, attend_launch, sparse_attend_triton
 
 OUT = os.environ.get("OUT", "/tmp")
 
 
 def probe_case(shape: str, hkv: int, hq: int, bsz: int, inner: int) -> dict:
-    ctx = 131072 + 9
-    slots = bsz * ctx + 64
+    q, views, w, n = attend_inputs(hkv, hq, bsz, inner)
     d = 128
-    k = torch.randn(inner * slots, hkv, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
-    views = [(k[i * slots:(i + 1) * slots], v[i * slots:(i + 1) * slots]) for i in range(inner)]
-    ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
-    w = sd.SparseDecodeWrapper(ws, hq, hkv, d, bsz, bsz * hkv * 130, use_cuda_graph=True)
-    w.plan(torch.full((bsz,), ctx, dtype=torch.int32), 128, torch.bfloat16, torch.bfloat16, d ** -0.5)
-    n = random_selection(w, bsz, hkv, ctx)
     rows = bsz * hkv
     ref = w.run(q, *views[0]).float()
     moved = n * 16 * d * 2 * 2  # K and V of every entry

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, "benchmarks/trials")
 from attention_decode import graph_ms
-from probe_inputs import random_selection
+from probe_inputs import attend_inputs
 from flashinfer.decode import xqa_batch_decode_with_kv_cache
 from sglang_locks import sparse_decode as sd
 
@@ -26,17 +26,8 @@ INNER = 20
 
 
 def probe_case(shape: str, hkv: int, hq: int, bsz: int) -> dict:
-    ctx = 131072 + 9   # 8192 sealed pages and a 9-token tail
-    slots = bsz * ctx + 64
+    q, views, w, n = attend_inputs(hkv, hq, bsz, INNER)
     d = 128
-    k = torch.randn(INNER * slots, hkv, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
-    views = [(k[i * slots:(i + 1) * slots], v[i * slots:(i + 1) * slots]) for i in range(INNER)]
-    ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
-    w = sd.SparseDecodeWrapper(ws, hq, hkv, d, bsz, bsz * hkv * 130, use_cuda_graph=True)
-    w.plan(torch.full((bsz,), ctx, dtype=torch.int32), 128, torch.bfloat16, torch.bfloat16, d ** -0.5)
-    n = random_selection(w, bsz, hkv, ctx)
     n_rows = bsz * hkv
     pages_per_row = n // n_rows
     group = hq // hkv

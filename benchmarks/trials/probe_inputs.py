@@ -37,3 +37,22 @@ def random_selection(wrapper, bsz: int, hkv: int, context: int, seed: int = 0) -
         entries.append(first * hkv + h)
     wrapper.indices[:n] = torch.cat(entries).int().cuda()
     return n
+
+
+def attend_inputs(hkv: int, hq: int, bsz: int, inner: int, kernel: str = "flashinfer"):
+    """Sparse decode inputs at budget 2048 (128 random sealed pages and a 9-token tail per row, 128K contexts):
+    (q, views [inner distinct (K, V) caches, rotated between launches so that pages come from HBM, not L2],
+    a CUDA-graph SparseDecodeWrapper of `kernel` planned and filled with random_selection, entries)."""
+    from sglang_locks import sparse_decode as sd
+
+    ctx = 131072 + 9
+    slots = bsz * ctx + 64
+    d = 128
+    k = torch.randn(inner * slots, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
+    views = [(k[i * slots:(i + 1) * slots], v[i * slots:(i + 1) * slots]) for i in range(inner)]
+    ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+    w = sd.SparseDecodeWrapper(ws, hq, hkv, d, bsz, bsz * hkv * 130, use_cuda_graph=True, kernel=kernel)
+    w.plan(torch.full((bsz,), ctx, dtype=torch.int32), 128, torch.bfloat16, torch.bfloat16, d ** -0.5)
+    return q, views, w, random_selection(w, bsz, hkv, ctx)
