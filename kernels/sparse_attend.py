@@ -96,9 +96,10 @@ def _merge_parts(part_o, part_lse, out_ptr, G: tl.constexpr, D: tl.constexpr, DP
     dims = tl.arange(0, DP)
     idx = (row * SPLITS + parts) * G + g
     lse = tl.load(part_lse + idx)
-    w = tl.exp2(lse - tl.max(lse, 0))  # a row has >= 1 page, so one part at least is finite
+    # empty parts weigh 0; a row without pages (no part finite) gets zeros, as with one part
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.max(lse, 0)), 0.0)
     o = tl.load(part_o + idx[:, None] * D + dims[None, :], mask=(dims < D)[None, :], other=0.0)
-    res = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    res = tl.sum(o * w[:, None], 0) / tl.maximum(tl.sum(w, 0), 1.0e-30)
     tl.store(out_ptr + (row * G + g) * D + dims, res.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 

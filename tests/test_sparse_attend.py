@@ -64,6 +64,23 @@ def test_sparse_attend_dtypes_and_head_dims(device, dtype, head_dim):
     assert _rel(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_rows_without_pages_give_zeros(device, splits):
+    """A row with no entries (a padded batch row) attends nothing: zeros, never NaN; the other rows are unaffected."""
+    c = random_cache([16 * 6 + 2], 2, 128, device=device, seed=9)
+    q = torch.randn(2, 8, 128, generator=torch.Generator().manual_seed(9)).to(device, torch.bfloat16)
+    indptr, indices, last = _rows(c, 2, 8, seed=9)
+    indptr = torch.cat([indptr, indptr[-1:].repeat(2)])  # request 1: two rows without entries
+    last = torch.cat([last, torch.full((2,), 16, dtype=last.dtype)])
+    cache = {k: c[k] for k in ("k_cache", "v_cache")}
+    out = sparse_attend_triton(q, cache["k_cache"], cache["v_cache"], indptr.to(device), indices.to(device),
+                               last.to(device), 4, splits, 128**-0.5)
+    assert torch.equal(out[1].float(), torch.zeros(8, 128))
+    ref = sparse_decode_reference(q[:1], cache["k_cache"], cache["v_cache"], indptr[:3], indices, last[:2], 2,
+                                  128**-0.5)
+    assert _rel(out[:1], ref) < 1e-2
+
+
 def test_mixed_dtypes_are_refused():
     q = torch.zeros(1, 4, 128, dtype=torch.bfloat16)
     cache = torch.zeros(32, 1, 128, dtype=torch.float16)
