@@ -21,10 +21,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .score_pages import LOG2E, score_chunks, score_outputs
-from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _prologue,
-                                _row_span, _stage_buffers, _store_scores, _unpack_int4_x16, gluon_applies)
-
-_LN2 = gl.constexpr(0.6931471805599453)
+from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _LN2, _idx2, _idx3, _int8_to_f16, _lg2, _next_step,
+                                _prologue, _row_span, _stage_buffers, _store_scores, _unpack_int4_x16, gluon_applies)
 
 
 @gluon.jit

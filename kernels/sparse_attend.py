@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 
 from ._triton import interpreted
+from .score_pages import LOG2E
 
 PAGE = tl.constexpr(16)  # tokens per page (config.PAGE_SIZE; kernels do not import the package's config)
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
