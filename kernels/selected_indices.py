@@ -8,7 +8,7 @@ every step). The token-major cache [slots, H_kv, d] is viewed as pages of one
 KV head (sparse_decode.per_head_pages): entry slot * H_kv + h is the page
 whose first token is slot.
 
-Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
+Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_group)
 and ranked by one-byte keys (page_key: the page's share of its group's
 estimated mass in steps of 1/16 nat); top-k is a counting select over a row's
 pages, which several programs share, in two phases:
@@ -27,7 +27,15 @@ for each other on a counter (spin): selection_parts caps the grid so that all
 its programs are resident at once, which is what keeps the wait from
 deadlocking. The last program of a row to finish clears its histogram and
 counter for the next launch. Triton's interpreter (CPU CI) runs programs one
-after the other, so there the phases are two launches. (A second, low-byte
+after the other, so there the phases are two launches.
+
+Latency. At bs=1 the launch is a chain of dependent round trips to memory,
+not bandwidth: a program's items follow from the score buffer's width, not
+from its row's length, and the last program to arrive at the barrier goes on
+without a poll (H200, results/select_latency_ab_s17.json: 6.96 vs 7.28 us at
+Llama-3.1-8B 128K bs=1, 12.92 vs 13.65 at GLM-4-9B-1M 1M). Keeping a
+program's keys in registers across the barrier (its scores loaded first)
+took 10.2 us at Llama 128K. (A second, low-byte
 pass over 16-bit keys measured 3.3 us of the old 11.9 us launch at Llama
 128K: one step of 1/16 nat loses no recall that an estimate can resolve.)
 
@@ -48,7 +56,8 @@ import triton
 import triton.language as tl
 
 from ._triton import interpreted, num_sms
-from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, partials_block, row_lse
+from .aggregate_scores import (AGGREGATIONS, HIST_BINS, aggregate_group, group_scores, key_offset, page_key,
+                               partials_block, row_lse)
 
 PAGE_BLOCK = 512  # pages per program, before the grid's cap (selection_parts)
 
@@ -86,12 +95,13 @@ def _write(out, out_slots, pos, page, slot, mask, HKV: tl.constexpr, h, STAGE: t
 
 @triton.jit
 def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
-    """Row barrier: this program's stores are visible to the row's other programs after it."""
+    """Row barrier: this program's stores are visible to the row's other programs after it, and theirs to it.
+    The last to arrive learns it from its own arrival and does not wait."""
     if SYNC:
         tl.debug_barrier()  # the whole program's stores precede the arrival (released at GPU scope)
-        tl.atomic_add(arrived_ptr, 1, sem="release", scope="gpu")
-        while tl.atomic_add(arrived_ptr, 0, sem="acquire", scope="gpu") < target:
-            pass
+        seen = tl.atomic_add(arrived_ptr, 1, sem="acq_rel", scope="gpu") + 1
+        while seen < target:
+            seen = tl.atomic_add(arrived_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
 
 
@@ -102,13 +112,17 @@ def _select_kernel(
     cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
     sink_pages, local_pages, budget_pages, parts,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
+    BLOCK: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
     PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
     b = row // HKV
     h = row % HKV
+    # The row's items are split over its parts programs by the score buffer's width, in TILES blocks
+    # each: a program's span follows from the launch, not from its row's length.
+    start = part * (TILES * BLOCK)
+    jb = tl.arange(0, BLOCK)
     seq_len = tl.load(seq_lens_ptr + b)
     n_sealed = seq_len // PAGE
     req = tl.load(req_pool_ptr + b).to(tl.int64)
@@ -131,11 +145,7 @@ def _select_kernel(
         n_items = tl.minimum(n_sealed, n_cand)
     else:
         n_items = n_sealed
-    # The row's items are split over its parts programs in whole blocks.
-    span = tl.cdiv(tl.cdiv(n_items, parts), BLOCK) * BLOCK
-    start = part * span
-    end = tl.minimum(start + span, n_items)
-    jb = tl.arange(0, BLOCK)
+    end = tl.minimum(start + TILES * BLOCK, n_items)
     bins = tl.arange(0, HIST_BINS)
     key_row = keys_ptr + row.to(tl.int64) * max_pages
     part_suffix = suffix_ptr + (row * parts + part).to(tl.int64) * HIST_BINS
@@ -162,8 +172,8 @@ def _select_kernel(
                     page = tl.load(cand_pages + p, mask=live, other=0)
                 else:
                     page = p
-                agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse,
-                                      sink_pages, local_pages, MODE)
+                agg = aggregate_group(group_scores(scores_ptr, qrows, gmask, max_pages, p), p, n_items, page,
+                                      n_sealed, lse, sink_pages, local_pages, MODE)
                 key = page_key(agg, offset)
                 tl.store(key_row + p, key, mask=live)
                 counts += tl.histogram(key, HIST_BINS, mask=live)
@@ -188,13 +198,11 @@ def _select_kernel(
                 p = p0 + jb
                 live = p < end
                 key = tl.load(key_row + p, mask=live, other=-1)
-                tie = (live & (key == thr)).to(tl.int32)
-                take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
-                take_i = take.to(tl.int32)
+                take, rank, n_take, n_tie = _taken(key, live, thr, ties, ties_seen)
                 page, slot = _item(p, take, table, cand_pages, cand_slots, PAGE, STAGE)
-                _write(out, out_slots, taken + tl.cumsum(take_i, 0) - take_i, page, slot, take, HKV, h, STAGE)
-                taken += tl.sum(take_i, 0)
-                ties_seen += tl.sum(tie, 0)
+                _write(out, out_slots, taken + rank, page, slot, take, HKV, h, STAGE)
+                taken += n_take
+                ties_seen += n_tie
         if PHASE == 0:
             # The last program to finish clears the row's histogram and counter (all others are past
             # their last read of them).
@@ -212,6 +220,16 @@ def _select_kernel(
             if tail > 0:
                 slot = tl.load(table + n_sealed * PAGE)
                 tl.store(out + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
+
+
+@triton.jit
+def _taken(key, live, thr, ties, ties_seen):
+    """A block's selected items: keys above thr, and keys at thr while the row's ties last (ties_seen of
+    them in earlier items). Returns (take, each taken item's rank among the block's, taken, ties)."""
+    tie = (live & (key == thr)).to(tl.int32)
+    take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
+    take_i = take.to(tl.int32)
+    return take, tl.cumsum(take_i, 0) - take_i, tl.sum(take_i, 0), tl.sum(tie, 0)
 
 
 class SelectionState:
@@ -271,6 +289,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
             sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
                   BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=block,
+                  TILES=triton.cdiv(triton.cdiv(max(width, 1), parts), block),
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
                   LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase

@@ -42,6 +42,7 @@ def test_score_kernel_builds_for_sm90(group, kv_heads, conversion):
 
 
 SELECT_BUILD = """
+import itertools
 import math
 import triton
 from triton.backends.compiler import GPUTarget
@@ -49,8 +50,9 @@ from triton.compiler import ASTSource
 from sglang_locks.kernels import selected_indices as m
 fn = m._select_kernel
 names = fn.arg_names
-for stage in (0, 1, 2):  # pages to entries, to a candidate list; candidates to entries
-    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, PARTS_P2=8, MODE=0,
+# pages to entries, to a candidate list; candidates to entries; a part's items in registers (1 tile) or not
+for stage, tiles in itertools.product((0, 1, 2), (1, 2)):
+    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, TILES=tiles, PARTS_P2=8, MODE=0,
                   LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage)
     floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
     index = {{"seq_lens_ptr": {index!r}, "req_pool_ptr": {index!r}}}
@@ -58,7 +60,7 @@ for stage in (0, 1, 2):  # pages to entries, to a candidate list; candidates to 
            else "i32" for n in names}}
     src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
-    print("atom.global.gpu.release.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx)
+    print("atom.global.gpu.acq_rel.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx)
 """
 
 
@@ -71,9 +73,9 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [line.split() for line in out.stdout.splitlines()]
-    assert len(builds) == 3
+    assert len(builds) == 6
     for release, acquire, l2_loads in builds:
-        assert release == "True"  # arrival publishes the program's stores at GPU scope
+        assert release == "True"  # arrival publishes the program's stores at GPU scope (and acquires the others')
         assert acquire == "True"  # the wait reads the counter with acquire semantics
         assert l2_loads == "True"  # other programs' histograms are read from L2, not a stale L1
 

@@ -1,0 +1,96 @@
+"""H200: the selection launch of this tree against a base revision's, alternated on the same scores, outputs compared.
+
+    git show REV:kernels/aggregate_scores.py > DIR/aggregate_scores.py
+    git show REV:kernels/selected_indices.py | sed 's/from \\.aggregate_scores import/from ._agg_base import/' > DIR/selected_indices.py
+    python benchmarks/trials/select_latency_ab.py OUT.json DIR [VARIANT_DIR ...]
+
+One layer's launch, 20 per CUDA graph, median of 30 replays, three alternations per case; scores from the
+shipped score kernel on random summaries (benchmarks/attention_decode.random_summaries)."""
+import importlib.util, json, os, sys
+import torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from attention_decode import SHAPES, launch_us, random_summaries
+from sglang_locks.config import LocksConfig
+from sglang_locks.scoring import score_pages_full
+from sglang_locks.selection import selected_pages
+import sglang_locks.kernels.selected_indices as head
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(f"sglang_locks.kernels.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class OnePhase:
+    """The selection kernel launched for one phase alone, without its row barrier."""
+
+    def __init__(self, kernel, phase):
+        self.kernel, self.phase = kernel, phase
+
+    def __getitem__(self, grid):
+        return lambda *args, PHASE, SYNC, **consts: self.kernel[grid](*args, PHASE=self.phase, SYNC=False, **consts)
+
+
+kernel = head._select_kernel
+out_path, base_dir = sys.argv[1], sys.argv[2]
+load("_agg_base", os.path.join(base_dir, "aggregate_scores.py"))
+base = load("_sel_base", os.path.join(base_dir, "selected_indices.py"))
+# further versions to time beside them: directories with a selected_indices.py (importing this tree's modules)
+versions = [("base", base), ("head", head)] + [(os.path.basename(d.rstrip("/")), load(f"_sel_{i}", os.path.join(d, "selected_indices.py")))
+                                                for i, d in enumerate(sys.argv[3:])]
+cfg = LocksConfig()
+rows = []
+CASES = (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("llama3.1-8b", 1, 1048576), ("llama3.1-8b", 4, 131072),
+         ("llama3.1-8b", 8, 131072), ("llama3.1-8b", 8, 1048576), ("glm4-9b-1m", 1, 131072), ("glm4-9b-1m", 1, 262144),
+         ("glm4-9b-1m", 1, 1048576), ("glm4-9b-1m", 8, 262144))
+for shape, bsz, context in CASES:
+    _, hkv, hq, d = SHAPES[shape]
+    sums = random_summaries(bsz * context // 16 + 2, hkv, d, cfg.rank)
+    # requests of different lengths (the first the longest), their pages interleaved
+    lens_cpu = torch.tensor([context - 37 * i for i in range(bsz)], dtype=torch.int32)
+    slots = torch.arange(bsz * context, device="cuda", dtype=torch.int32).view(context // 16, bsz, 16)
+    req_to_token = (slots.transpose(0, 1).reshape(bsz, context) + 16).contiguous()
+    tables = (req_to_token, torch.arange(bsz, device="cuda", dtype=torch.int32), lens_cpu.cuda())
+    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
+    max_pages = context // 16
+    scored = score_pages_full(q, sums, *tables, max_pages, d ** -0.5)
+    indptr, last = selected_pages(lens_cpu, hkv, cfg.budget_pages)
+    indptr = indptr.cuda()
+    got = {}
+    for rep in range(3):
+        for name, m in versions:
+            indices = torch.full((int(indptr[-1]),), -1, dtype=torch.int32, device="cuda")
+            last_len = torch.zeros(bsz * hkv, dtype=torch.int32, device="cuda")
+            state = m.SelectionState(bsz * hkv, q.device)
+            fn = lambda: m.selected_indices_triton(*scored, *tables, indptr, indices, last_len, hkv, cfg.sink_pages,
+                                                   cfg.local_pages, cfg.gqa_aggregation, cfg.budget_pages, state)
+            fn()
+            torch.cuda.synchronize()
+            got[name] = (indices.clone(), last_len.clone())
+            us = launch_us(fn)
+            rows.append(dict(shape=shape, batch=bsz, context=context, version=name, rep=rep, us=round(us, 2),
+                             state_clear=bool(not state.hist.any() and not state.arrived.any())))
+            print(rows[-1], flush=True)
+    # this tree's phases as launches of their own (no barrier): where its time goes
+    state = head.SelectionState(bsz * hkv, q.device)
+    fn = lambda: head.selected_indices_triton(*scored, *tables, indptr, indices, last_len, hkv, cfg.sink_pages,  # noqa: E731
+                                              cfg.local_pages, cfg.gqa_aggregation, cfg.budget_pages, state)
+    for phase in (1, 2):  # phase 2 reads the histogram of phase 1's first launch (its others add to it)
+        head._select_kernel = OnePhase(kernel, phase)
+        if phase == 1:
+            fn()
+            hist = state.hist.clone()
+        state.hist.copy_(hist)
+        rows.append(dict(shape=shape, batch=bsz, context=context, version=f"head_phase{phase}", us=round(launch_us(fn), 2)))
+        head._select_kernel = kernel
+        print(rows[-1], flush=True)
+    rows.append(dict(shape=shape, batch=bsz, context=context,
+                     outputs_equal=all(all(torch.equal(a, b) for a, b in zip(got["base"], got[name])) for name, _ in versions)))
+    print(rows[-1], flush=True)
+    json.dump(dict(gpu=torch.cuda.get_device_name(), git=os.environ.get("GIT_REV"), date=os.environ.get("DATE"),
+                   command="python " + " ".join(sys.argv), rows=rows), open(out_path, "w"), indent=1)
+    sums = scored = None
+    torch.cuda.empty_cache()
