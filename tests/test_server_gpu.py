@@ -36,6 +36,7 @@ COMMON = ["--model-path", MODEL, "--load-format", "dummy", "--skip-tokenizer-ini
 class Server:
     def __init__(self, name, port, flags, env=None):
         self.url = f"http://127.0.0.1:{port}"
+        os.makedirs(LOG_DIR, exist_ok=True)
         self.log = os.path.join(LOG_DIR, f"server_{name}.log")
         cmd = [sys.executable, "-m", "sglang.launch_server", *COMMON, "--port", str(port), *flags]
         with open(self.log, "w") as log:
