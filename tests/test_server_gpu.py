@@ -2,7 +2,7 @@
 
     source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz
     pip install --no-deps --no-build-isolation -e .
-    python -m pytest -q -rs tests/test_server_gpu.py
+    python -m pytest -q -rs tests/test_server_gpu.py          # LOCKS_GPU_TP=2: both servers on 2 GPUs
 
 Two servers (about a minute each to start): stock FlashInfer (page size 16)
 and --enable-locks --locks-token-budget 2048 with a 40K context, whose decode
@@ -28,9 +28,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.environ.get("LOCKS_GPU_MODEL", os.path.join(ROOT, ".gpu-kit", "llama8b-dummy"))
 LOG_DIR = os.environ.get("OUT", "/tmp")
 BUDGET, CONTEXT, MIN_STEP_TOKENS = 2048, 40960, 1024
+# LOCKS_GPU_TP=N runs both servers with tensor parallelism over N GPUs (each rank scores its own KV heads).
+TP = os.environ.get("LOCKS_GPU_TP", "1")
 COMMON = ["--model-path", MODEL, "--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(CONTEXT),
           "--mem-fraction-static", "0.6", "--cuda-graph-max-bs", "8", "--disable-prefill-cuda-graph",
-          "--host", "127.0.0.1"]
+          "--host", "127.0.0.1", "--tp-size", TP]
 
 
 class Server:
