@@ -404,10 +404,11 @@ def row_chunks(n_sealed: int, n_chunks: int, block_pages: int = BLOCK_PAGES) -> 
     return triton.cdiv(triton.cdiv(n_sealed, n_chunks), block_pages) * block_pages
 
 
-def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block_pages: int = BLOCK_PAGES) -> int:
+def chunk_pages_for(batch_rows: int, max_pages: int, device: torch.device, block_pages: int = BLOCK_PAGES,
+                    programs_per_sm: int = _PROGRAMS_PER_SM) -> int:
     """Pages per program: enough programs to fill the GPU, few enough to amortise q and the loop."""
     blocks = triton.cdiv(max(max_pages, 1), block_pages)
-    chunks_per_row = max(1, min(blocks, triton.cdiv(_PROGRAMS_PER_SM * num_sms(device), batch_rows)))
+    chunks_per_row = max(1, min(blocks, triton.cdiv(programs_per_sm * num_sms(device), batch_rows)))
     return triton.cdiv(blocks, chunks_per_row) * block_pages
 
 

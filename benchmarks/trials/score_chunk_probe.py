@@ -8,12 +8,11 @@ from attention_decode import SHAPES, copy_bandwidth_gbs, graph_ms
 sys.path.insert(0, "benchmarks/trials")
 from probe_inputs import score_inputs
 from sglang_locks.kernels.score_pages_gluon import score_pages_gluon
-from sglang_locks.kernels._triton import num_sms
+from sglang_locks.kernels.score_pages import chunk_pages_for
 
 OUT = os.environ.get("OUT", "/tmp")
 rows = []
 copy = copy_bandwidth_gbs()
-sms = num_sms(torch.device("cuda"))
 for shape, bsz, context in (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("llama3.1-8b", 1, 1048576),
                             ("llama3.1-8b", 4, 131072), ("llama3.1-8b", 8, 131072), ("glm4-9b-1m", 1, 131072),
                             ("glm4-9b-1m", 1, 1048576)):
@@ -24,9 +23,7 @@ for shape, bsz, context in (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 26214
     rows_kv = bsz * hkv
     ref = score_pages_gluon(q, sums[0], *tables, pages, d ** -0.5)[0].clone()
     for pps in (8, 6, 10, 12, 14, 16, 20, 8):
-        blocks = triton.cdiv(pages, 8)
-        per_row = max(1, min(blocks, triton.cdiv(pps * sms, rows_kv)))
-        chunk = triton.cdiv(blocks, per_row) * 8
+        chunk = chunk_pages_for(rows_kv, pages, q.device, 8, pps)
         try:
             got = score_pages_gluon(q, sums[0], *tables, pages, d ** -0.5, chunk_pages=chunk)[0]
             def many(sums=sums, chunk=chunk, nset=nset):

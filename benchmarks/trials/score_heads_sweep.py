@@ -4,25 +4,17 @@ per launch, 20 launches per graph, median of 30 replays; scores compared with th
     OUT=DIR python benchmarks/trials/score_heads_sweep.py"""
 import itertools, json, os, sys, traceback
 import torch
-import triton
 sys.path.insert(0, "benchmarks")
 from attention_decode import copy_bandwidth_gbs, graph_ms
 sys.path.insert(0, "benchmarks/trials")
 from probe_inputs import score_inputs
-from sglang_locks.kernels._triton import num_sms
+from sglang_locks.kernels.score_pages import chunk_pages_for
 from sglang_locks.kernels.score_pages_gluon import score_pages_gluon
 from sglang_locks.kernels.score_pages_gluon_heads import score_pages_gluon_heads
 
 OUT = os.environ.get("OUT", "/tmp")
 rows = []
 copy = copy_bandwidth_gbs()
-sms = num_sms(torch.device("cuda"))
-
-
-def chunk_for(rows_kv, pages, block, per_sm):
-    blocks = triton.cdiv(pages, block)
-    per_row = max(1, min(blocks, triton.cdiv(per_sm * sms, rows_kv)))
-    return triton.cdiv(blocks, per_row) * block
 
 
 def sweep(shape, bsz, context, kernel, configs):
@@ -37,7 +29,7 @@ def sweep(shape, bsz, context, kernel, configs):
             launch = dict(opts)
             per_sm = launch.pop("programs_per_sm")
             block = 2 * launch.get("pairs", 4)
-            launch["chunk_pages"] = chunk_for(bsz * hkv, pages, block, per_sm)
+            launch["chunk_pages"] = chunk_pages_for(bsz * hkv, pages, q.device, block, per_sm)
             got = kernel(q, sums[0], *tables, pages, 128 ** -0.5, **launch)[0]
             row["max_score_diff"] = (got - ref).abs().max().item()
 
