@@ -14,7 +14,7 @@ local_pages sealed pages) and pages past the sealed ones -inf, so a plain
 top-k picks forced pages first and never padding.
 
 The decode path's top-k (selected_indices) aggregates with the same device
-functions (row_lse, group_scores, aggregate_group) and ranks pages by a one-byte key (page_key).
+functions (row_lse, aggregate_block) and ranks pages by a one-byte key (page_key).
 """
 
 from __future__ import annotations
@@ -73,19 +73,13 @@ def row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, stride, BLOCK_G:
 
 
 @triton.jit
-def group_scores(scores_ptr, qrows, gmask, width, p):
-    """The G query heads' scores [BLOCK_G, len(p)] of items p (width apart per query head); items past
-    width -inf. Needs no length: a caller can load them before it knows the row's."""
-    return tl.load(scores_ptr + qrows[:, None] * width + p[None, :], mask=gmask[:, None] & (p < width)[None, :],
-                   other=float("-inf"))
-
-
-@triton.jit
-def aggregate_group(s, p, n_items, page, n_sealed, lse, sink_pages, local_pages, MODE: tl.constexpr):
-    """Aggregated scores of items p from their group scores s (group_scores), their logical pages page of
-    n_sealed: +inf forced (sink and local pages), -inf past the row's n_items (whatever s holds there)."""
+def aggregate_block(scores_ptr, qrows, gmask, width, p, n_items, page, n_sealed, lse, sink_pages, local_pages,
+                    MODE: tl.constexpr):
+    """Aggregated scores of items p (scores width apart per query head) of one (request, KV head), their
+    logical pages page of n_sealed: +inf forced (sink and local pages), -inf past the row's n_items."""
     valid = p < n_items
-    s = tl.where(valid[None, :], s, float("-inf"))
+    s = tl.load(scores_ptr + qrows[:, None] * width + p[None, :],
+                mask=gmask[:, None] & valid[None, :], other=float("-inf"))
     if MODE == 0:
         x = s - lse[:, None]
         m = tl.max(x, 0)
@@ -130,8 +124,8 @@ def _aggregate_kernel(
     qrows = (b * HKV * G + (row % HKV) * G + g).to(tl.int64)
     lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, n_chunks, BLOCK_G, BLOCK_N)
     p = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
-    agg = aggregate_group(group_scores(scores_ptr, qrows, gmask, max_pages, p), p, n_sealed, p, n_sealed, lse,
-                          sink_pages, local_pages, MODE)
+    agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, p, n_sealed, lse, sink_pages, local_pages,
+                          MODE)
     tl.store(out_ptr + row.to(tl.int64) * max_pages + p, agg, mask=p < max_pages)
 
 

@@ -8,7 +8,7 @@ every step). The token-major cache [slots, H_kv, d] is viewed as pages of one
 KV head (sparse_decode.per_head_pages): entry slot * H_kv + h is the page
 whose first token is slot.
 
-Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_group)
+Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
 and ranked by one-byte keys (page_key: the page's share of its group's
 estimated mass in steps of 1/16 nat); top-k is a counting select over a row's
 pages, which several programs share, in two phases:
@@ -32,10 +32,10 @@ after the other, so there the phases are two launches.
 Latency. At bs=1 the launch is a chain of dependent round trips to memory,
 not bandwidth: a program's items follow from the score buffer's width, not
 from its row's length, and the last program to arrive at the barrier goes on
-without a poll (H200, results/select_latency_ab_s17.json: 6.96 vs 7.28 us at
-Llama-3.1-8B 128K bs=1, 12.92 vs 13.65 at GLM-4-9B-1M 1M). Keeping a
+without a poll (H200, results/select_latency_ab_s17.json: 6.89 vs 7.33 us at
+Llama-3.1-8B 128K bs=1, 13.08 vs 13.73 at GLM-4-9B-1M 1M). Keeping a
 program's keys in registers across the barrier (its scores loaded first)
-took 10.2 us at Llama 128K. (A second, low-byte
+took 10.2 us at Llama 128K (select_latency_ab_regs_s17.json). (A second, low-byte
 pass over 16-bit keys measured 3.3 us of the old 11.9 us launch at Llama
 128K: one step of 1/16 nat loses no recall that an estimate can resolve.)
 
@@ -56,8 +56,7 @@ import triton
 import triton.language as tl
 
 from ._triton import interpreted, num_sms
-from .aggregate_scores import (AGGREGATIONS, HIST_BINS, aggregate_group, group_scores, key_offset, page_key,
-                               partials_block, row_lse)
+from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, partials_block, row_lse
 
 PAGE_BLOCK = 512  # pages per program, before the grid's cap (selection_parts)
 
@@ -172,8 +171,8 @@ def _select_kernel(
                     page = tl.load(cand_pages + p, mask=live, other=0)
                 else:
                     page = p
-                agg = aggregate_group(group_scores(scores_ptr, qrows, gmask, max_pages, p), p, n_items, page,
-                                      n_sealed, lse, sink_pages, local_pages, MODE)
+                agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse,
+                                      sink_pages, local_pages, MODE)
                 key = page_key(agg, offset)
                 tl.store(key_row + p, key, mask=live)
                 counts += tl.histogram(key, HIST_BINS, mask=live)
@@ -198,11 +197,13 @@ def _select_kernel(
                 p = p0 + jb
                 live = p < end
                 key = tl.load(key_row + p, mask=live, other=-1)
-                take, rank, n_take, n_tie = _taken(key, live, thr, ties, ties_seen)
+                tie = (live & (key == thr)).to(tl.int32)
+                take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
+                take_i = take.to(tl.int32)
                 page, slot = _item(p, take, table, cand_pages, cand_slots, PAGE, STAGE)
-                _write(out, out_slots, taken + rank, page, slot, take, HKV, h, STAGE)
-                taken += n_take
-                ties_seen += n_tie
+                _write(out, out_slots, taken + tl.cumsum(take_i, 0) - take_i, page, slot, take, HKV, h, STAGE)
+                taken += tl.sum(take_i, 0)
+                ties_seen += tl.sum(tie, 0)
         if PHASE == 0:
             # The last program to finish clears the row's histogram and counter (all others are past
             # their last read of them).
@@ -220,16 +221,6 @@ def _select_kernel(
             if tail > 0:
                 slot = tl.load(table + n_sealed * PAGE)
                 tl.store(out + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
-
-
-@triton.jit
-def _taken(key, live, thr, ties, ties_seen):
-    """A block's selected items: keys above thr, and keys at thr while the row's ties last (ties_seen of
-    them in earlier items). Returns (take, each taken item's rank among the block's, taken, ties)."""
-    tie = (live & (key == thr)).to(tl.int32)
-    take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
-    take_i = take.to(tl.int32)
-    return take, tl.cumsum(take_i, 0) - take_i, tl.sum(take_i, 0), tl.sum(tie, 0)
 
 
 class SelectionState:
