@@ -30,14 +30,16 @@ counter for the next launch. Triton's interpreter (CPU CI) runs programs one
 after the other, so there the phases are two launches.
 
 Latency. At bs=1 the launch is a chain of dependent round trips to memory,
-not bandwidth: a program's items follow from the score buffer's width, not
-from its row's length, and the last program to arrive at the barrier goes on
-without a poll (H200, results/select_latency_ab_s17.json: 6.89 vs 7.33 us at
-Llama-3.1-8B 128K bs=1, 13.08 vs 13.73 at GLM-4-9B-1M 1M). Keeping a
-program's keys in registers across the barrier (its scores loaded first)
-took 10.2 us at Llama 128K (select_latency_ab_regs_s17.json). (A second, low-byte
-pass over 16-bit keys measured 3.3 us of the old 11.9 us launch at Llama
-128K: one step of 1/16 nat loses no recall that an estimate can resolve.)
+not bandwidth. A program's span of items follows from its row's length, so
+that under CUDA graphs, whose grid is sized for the longest context a graph
+serves, a short row still spreads over all of its row's programs; a span that
+fits a quarter of the width's tile is loaded as one smaller tile
+(selection_tiles). The last program to arrive at the barrier goes on without
+a poll. Keeping a program's keys in registers across the barrier (its scores
+loaded first) took 10.2 us at Llama-3.1-8B 128K against 6.89
+(select_latency_ab_regs_s17.json). (A second, low-byte pass over 16-bit keys
+measured 3.3 us of the old 11.9 us launch at Llama 128K: one step of 1/16 nat
+loses no recall that an estimate can resolve.)
 
 The prefilter (scoring.locks_scores_triton) runs the same kernel twice:
 candidate_pages_triton selects each row's candidates from the estimate
@@ -105,22 +107,59 @@ def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
 
 
 @triton.jit
+def _page_keys(start, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages,
+               local_pages, cand_pages, key_row, BLOCK: tl.constexpr, MODE: tl.constexpr, STAGE: tl.constexpr):
+    """Phase 1 over items [start, end): their keys stored at key_row, and their histogram."""
+    jb = tl.arange(0, BLOCK)
+    counts = tl.zeros((HIST_BINS,), tl.int32)
+    for p0 in range(start, end, BLOCK):
+        p = p0 + jb
+        live = p < end
+        if STAGE == 2:
+            page = tl.load(cand_pages + p, mask=live, other=0)
+        else:
+            page = p
+        agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse,
+                              sink_pages, local_pages, MODE)
+        key = page_key(agg, offset)
+        tl.store(key_row + p, key, mask=live)
+        counts += tl.histogram(key, HIST_BINS, mask=live)
+    return counts
+
+
+@triton.jit
+def _take_pages(start, end, key_row, thr, ties, ties_seen, taken, table, cand_pages, cand_slots, out, out_slots, h,
+                BLOCK: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr, STAGE: tl.constexpr):
+    """Phase 2 over items [start, end): those with key > thr, and ties (key == thr) while ties_seen < ties,
+    written in item order from position taken."""
+    jb = tl.arange(0, BLOCK)
+    for p0 in range(start, end, BLOCK):
+        p = p0 + jb
+        live = p < end
+        key = tl.load(key_row + p, mask=live, other=-1)
+        tie = (live & (key == thr)).to(tl.int32)
+        take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
+        take_i = take.to(tl.int32)
+        page, slot = _item(p, take, table, cand_pages, cand_slots, PAGE, STAGE)
+        _write(out, out_slots, taken + tl.cumsum(take_i, 0) - take_i, page, slot, take, HKV, h, STAGE)
+        taken += tl.sum(take_i, 0)
+        ties_seen += tl.sum(tie, 0)
+
+
+@triton.jit
 def _select_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks, part_stride,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr, last_len_ptr,
     cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
     sink_pages, local_pages, budget_pages, parts,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
+    BLOCK: tl.constexpr, SMALL: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
     PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)
     b = row // HKV
     h = row % HKV
-    # The row's items are split over its parts programs by the score buffer's width, in TILES blocks
-    # each: a program's span follows from the launch, not from its row's length.
-    start = part * (TILES * BLOCK)
     jb = tl.arange(0, BLOCK)
     seq_len = tl.load(seq_lens_ptr + b)
     n_sealed = seq_len // PAGE
@@ -144,7 +183,12 @@ def _select_kernel(
         n_items = tl.minimum(n_sealed, n_cand)
     else:
         n_items = n_sealed
-    end = tl.minimum(start + TILES * BLOCK, n_items)
+    # The row's items are split over its parts programs by its own length (under CUDA graphs the grid
+    # follows the longest context the graph serves). A span that fits a SMALL tile is one round trip of
+    # it; a wider one goes in BLOCK tiles, the width's (see selection_tiles).
+    span = tl.cdiv(tl.cdiv(n_items, parts), 16) * 16
+    start = part * span
+    end = tl.minimum(start + span, n_items)
     bins = tl.arange(0, HIST_BINS)
     key_row = keys_ptr + row.to(tl.int64) * max_pages
     part_suffix = suffix_ptr + (row * parts + part).to(tl.int64) * HIST_BINS
@@ -163,19 +207,14 @@ def _select_kernel(
             qrows = (b * HKV * G + h * G + g).to(tl.int64)
             lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, part_stride, BLOCK_G, BLOCK_N)
             offset = key_offset(lse, gmask, MODE, LOG_G)
-            counts = tl.zeros((HIST_BINS,), tl.int32)
-            for p0 in range(start, end, BLOCK):
-                p = p0 + jb
-                live = p < end
-                if STAGE == 2:
-                    page = tl.load(cand_pages + p, mask=live, other=0)
-                else:
-                    page = p
-                agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse,
-                                      sink_pages, local_pages, MODE)
-                key = page_key(agg, offset)
-                tl.store(key_row + p, key, mask=live)
-                counts += tl.histogram(key, HIST_BINS, mask=live)
+            key_args = (start, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages,
+                        local_pages, cand_pages, key_row)
+            if SMALL == BLOCK:
+                counts = _page_keys(*key_args, BLOCK, MODE, STAGE)
+            elif span <= SMALL:
+                counts = _page_keys(*key_args, SMALL, MODE, STAGE)
+            else:
+                counts = _page_keys(*key_args, BLOCK, MODE, STAGE)
             tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
             tl.store(part_suffix + bins, tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts)
         _arrive_and_wait(arrived_ptr + row, parts, SYNC)
@@ -193,17 +232,14 @@ def _select_kernel(
                                   cache_modifier=".cg"), 0)
             ties_seen = at_or_above - over
             taken = over + tl.minimum(ties_seen, ties)
-            for p0 in range(start, end, BLOCK):
-                p = p0 + jb
-                live = p < end
-                key = tl.load(key_row + p, mask=live, other=-1)
-                tie = (live & (key == thr)).to(tl.int32)
-                take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
-                take_i = take.to(tl.int32)
-                page, slot = _item(p, take, table, cand_pages, cand_slots, PAGE, STAGE)
-                _write(out, out_slots, taken + tl.cumsum(take_i, 0) - take_i, page, slot, take, HKV, h, STAGE)
-                taken += tl.sum(take_i, 0)
-                ties_seen += tl.sum(tie, 0)
+            take_args = (start, end, key_row, thr, ties, ties_seen, taken, table, cand_pages, cand_slots, out,
+                         out_slots, h)
+            if SMALL == BLOCK:
+                _take_pages(*take_args, BLOCK, HKV, PAGE, STAGE)
+            elif span <= SMALL:
+                _take_pages(*take_args, SMALL, HKV, PAGE, STAGE)
+            else:
+                _take_pages(*take_args, BLOCK, HKV, PAGE, STAGE)
         if PHASE == 0:
             # The last program to finish clears the row's histogram and counter (all others are past
             # their last read of them).
@@ -245,6 +281,13 @@ def selection_tile(items: int, parts: int, group: int) -> int:
     return max(16, min(span, 8192 // triton.next_power_of_2(group)))
 
 
+def selection_tiles(items: int, parts: int, group: int) -> tuple:
+    """(tile, small tile): selection_tile of rows items wide, and the one rows of a quarter of that or
+    less use (under CUDA graphs a launch sized for the longest context also selects short rows)."""
+    tile = selection_tile(items, parts, group)
+    return tile, max(16, tile // 4)
+
+
 # Items a program of the final selection over candidates handles at a time: with ~1K candidates
 # per row, blocks of 1024 would leave one program per row.
 CANDIDATE_BLOCK = 256
@@ -271,7 +314,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
         n_cand = candidates.shape[2]
     n_chunks = part_max.shape[-1] if score_chunks is None else score_chunks
     parts = selection_parts(rows, width, scores.device, CANDIDATE_BLOCK if stage == "among_candidates" else PAGE_BLOCK)
-    block = selection_tile(width, parts, group)
+    block, small = selection_tiles(width, parts, group)
     keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
     suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
     args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
@@ -279,8 +322,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
             cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix,
             sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
-                  BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=block,
-                  TILES=triton.cdiv(triton.cdiv(max(width, 1), parts), block),
+                  BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=block, SMALL=small,
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
                   LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase

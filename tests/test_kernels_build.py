@@ -50,9 +50,9 @@ from triton.compiler import ASTSource
 from sglang_locks.kernels import selected_indices as m
 fn = m._select_kernel
 names = fn.arg_names
-# pages to entries, to a candidate list; candidates to entries; a part's items in registers (1 tile) or not
-for stage, tiles in itertools.product((0, 1, 2), (1, 2)):
-    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, TILES=tiles, PARTS_P2=8, MODE=0,
+# pages to entries, to a candidate list; candidates to entries; with a small tile for short rows or not
+for stage, small in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4)):
+    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, SMALL=small, PARTS_P2=8, MODE=0,
                   LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage)
     floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
     index = {{"seq_lens_ptr": {index!r}, "req_pool_ptr": {index!r}}}

@@ -85,6 +85,7 @@ CASES = [  # seq_lens (mixed: over and under budget, tails, empty), KV heads, gr
     ([16 * 2500 + 3], 3, 4, 160),              # one program, several blocks of pages
     ([16 * 5000, 16 * 4100 + 1], 2, 4, 160),   # several programs, several blocks each
     ([16 * 1700], 1, 4, 16 * 1500),            # budget over one block of pages
+    ([16 * 6000, 16 * 900 + 5, 16 * 300], 1, 4, 160),  # rows much shorter than the scores' width: small tiles
     pytest.param([16 * 40000 + 3, 16 * 7000], 2, 4, 2048, marks=pytest.mark.gpu),  # 640K tokens: slow on CPU
     ([0, 16 * 40, 5], 1, 16, 16 * 4),
 ]

@@ -43,10 +43,15 @@ versions = [("base", base), ("head", head)] + [(os.path.basename(d.rstrip("/")),
                                                 for i, d in enumerate(sys.argv[3:])]
 cfg = LocksConfig()
 rows = []
+# (shape, batch, context[, width]): width, the tokens the score buffers span (under CUDA graphs, the longest
+# context a graph serves), defaults to the context
 CASES = (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("llama3.1-8b", 1, 1048576), ("llama3.1-8b", 4, 131072),
          ("llama3.1-8b", 8, 131072), ("llama3.1-8b", 8, 1048576), ("glm4-9b-1m", 1, 131072), ("glm4-9b-1m", 1, 262144),
-         ("glm4-9b-1m", 1, 1048576), ("glm4-9b-1m", 8, 262144))
-for shape, bsz, context in CASES:
+         ("glm4-9b-1m", 1, 1048576), ("glm4-9b-1m", 8, 262144), ("llama3.1-8b", 1, 131072, 1048576),
+         ("llama3.1-8b", 1, 262144, 1048576), ("llama3.1-8b", 4, 131072, 1048576), ("llama3.1-8b", 1, 32768, 1048576),
+         ("glm4-9b-1m", 1, 131072, 1048576))
+for shape, bsz, context, *width in CASES:
+    width = width[0] if width else context
     _, hkv, hq, d = SHAPES[shape]
     sums = random_summaries(bsz * context // 16 + 2, hkv, d, cfg.rank)
     # requests of different lengths (the first the longest), their pages interleaved
@@ -55,7 +60,7 @@ for shape, bsz, context in CASES:
     req_to_token = (slots.transpose(0, 1).reshape(bsz, context) + 16).contiguous()
     tables = (req_to_token, torch.arange(bsz, device="cuda", dtype=torch.int32), lens_cpu.cuda())
     q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
-    max_pages = context // 16
+    max_pages = width // 16
     scored = score_pages_full(q, sums, *tables, max_pages, d ** -0.5)
     indptr, last = selected_pages(lens_cpu, hkv, cfg.budget_pages)
     indptr = indptr.cuda()
@@ -71,7 +76,7 @@ for shape, bsz, context in CASES:
             torch.cuda.synchronize()
             got[name] = (indices.clone(), last_len.clone())
             us = launch_us(fn)
-            rows.append(dict(shape=shape, batch=bsz, context=context, version=name, rep=rep, us=round(us, 2),
+            rows.append(dict(shape=shape, batch=bsz, context=context, width=width, version=name, rep=rep, us=round(us, 2),
                              state_clear=bool(not state.hist.any() and not state.arrived.any())))
             print(rows[-1], flush=True)
     # this tree's phases as launches of their own (no barrier): where its time goes
@@ -84,10 +89,10 @@ for shape, bsz, context in CASES:
             fn()
             hist = state.hist.clone()
         state.hist.copy_(hist)
-        rows.append(dict(shape=shape, batch=bsz, context=context, version=f"head_phase{phase}", us=round(launch_us(fn), 2)))
+        rows.append(dict(shape=shape, batch=bsz, context=context, width=width, version=f"head_phase{phase}", us=round(launch_us(fn), 2)))
         head._select_kernel = kernel
         print(rows[-1], flush=True)
-    rows.append(dict(shape=shape, batch=bsz, context=context,
+    rows.append(dict(shape=shape, batch=bsz, context=context, width=width,
                      outputs_equal=all(all(torch.equal(a, b) for a, b in zip(got["base"], got[name])) for name, _ in versions)))
     print(rows[-1], flush=True)
     json.dump(dict(gpu=torch.cuda.get_device_name(), git=os.environ.get("GIT_REV"), date=os.environ.get("DATE"),
