@@ -107,43 +107,66 @@ def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
 
 
 @triton.jit
+def _keys_tile(p, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages, local_pages,
+               cand_pages, key_row, MODE: tl.constexpr, STAGE: tl.constexpr):
+    """Phase 1 on items p below end: their keys stored at key_row; returns their histogram."""
+    live = p < end
+    if STAGE == 2:
+        page = tl.load(cand_pages + p, mask=live, other=0)
+    else:
+        page = p
+    agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse, sink_pages,
+                          local_pages, MODE)
+    key = page_key(agg, offset)
+    tl.store(key_row + p, key, mask=live)
+    return tl.histogram(key, HIST_BINS, mask=live)
+
+
+@triton.jit
 def _page_keys(start, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages,
-               local_pages, cand_pages, key_row, BLOCK: tl.constexpr, MODE: tl.constexpr, STAGE: tl.constexpr):
-    """Phase 1 over items [start, end): their keys stored at key_row, and their histogram."""
+               local_pages, cand_pages, key_row, BLOCK: tl.constexpr, TILES: tl.constexpr, MODE: tl.constexpr,
+               STAGE: tl.constexpr):
+    """Phase 1 over items [start, end), at most TILES tiles of BLOCK: the histogram of their keys."""
     jb = tl.arange(0, BLOCK)
-    counts = tl.zeros((HIST_BINS,), tl.int32)
-    for p0 in range(start, end, BLOCK):
-        p = p0 + jb
-        live = p < end
-        if STAGE == 2:
-            page = tl.load(cand_pages + p, mask=live, other=0)
-        else:
-            page = p
-        agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_items, page, n_sealed, lse,
-                              sink_pages, local_pages, MODE)
-        key = page_key(agg, offset)
-        tl.store(key_row + p, key, mask=live)
-        counts += tl.histogram(key, HIST_BINS, mask=live)
+    args = (end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages, local_pages,
+            cand_pages, key_row)
+    if TILES == 1:  # no loop: the tile's loads are scheduled freely (a loop, even of one trip, measured slower)
+        counts = _keys_tile(start + jb, *args, MODE, STAGE)
+    else:
+        counts = tl.zeros((HIST_BINS,), tl.int32)
+        for p0 in range(start, end, BLOCK):
+            counts += _keys_tile(p0 + jb, *args, MODE, STAGE)
     return counts
 
 
 @triton.jit
+def _take_tile(p, end, key_row, thr, ties, ties_seen, taken, table, cand_pages, cand_slots, out, out_slots, h,
+               HKV: tl.constexpr, PAGE: tl.constexpr, STAGE: tl.constexpr):
+    """Phase 2 on items p below end: writes those with key > thr, and ties (key == thr) while ties_seen < ties,
+    from position taken; returns the new (taken, ties_seen)."""
+    live = p < end
+    key = tl.load(key_row + p, mask=live, other=-1)
+    tie = (live & (key == thr)).to(tl.int32)
+    take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
+    take_i = take.to(tl.int32)
+    page, slot = _item(p, take, table, cand_pages, cand_slots, PAGE, STAGE)
+    _write(out, out_slots, taken + tl.cumsum(take_i, 0) - take_i, page, slot, take, HKV, h, STAGE)
+    return taken + tl.sum(take_i, 0), ties_seen + tl.sum(tie, 0)
+
+
+@triton.jit
 def _take_pages(start, end, key_row, thr, ties, ties_seen, taken, table, cand_pages, cand_slots, out, out_slots, h,
-                BLOCK: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr, STAGE: tl.constexpr):
-    """Phase 2 over items [start, end): those with key > thr, and ties (key == thr) while ties_seen < ties,
-    written in item order from position taken."""
+                BLOCK: tl.constexpr, TILES: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr,
+                STAGE: tl.constexpr):
+    """Phase 2 over items [start, end), at most TILES tiles of BLOCK, in item order."""
     jb = tl.arange(0, BLOCK)
-    for p0 in range(start, end, BLOCK):
-        p = p0 + jb
-        live = p < end
-        key = tl.load(key_row + p, mask=live, other=-1)
-        tie = (live & (key == thr)).to(tl.int32)
-        take = (live & (key > thr)) | ((tie != 0) & (ties_seen + tl.cumsum(tie, 0) - tie < ties))
-        take_i = take.to(tl.int32)
-        page, slot = _item(p, take, table, cand_pages, cand_slots, PAGE, STAGE)
-        _write(out, out_slots, taken + tl.cumsum(take_i, 0) - take_i, page, slot, take, HKV, h, STAGE)
-        taken += tl.sum(take_i, 0)
-        ties_seen += tl.sum(tie, 0)
+    args = (end, key_row, thr, ties)
+    rest = (table, cand_pages, cand_slots, out, out_slots, h)
+    if TILES == 1:
+        _take_tile(start + jb, *args, ties_seen, taken, *rest, HKV, PAGE, STAGE)
+    else:
+        for p0 in range(start, end, BLOCK):
+            taken, ties_seen = _take_tile(p0 + jb, *args, ties_seen, taken, *rest, HKV, PAGE, STAGE)
 
 
 @triton.jit
@@ -153,7 +176,7 @@ def _select_kernel(
     cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
     sink_pages, local_pages, budget_pages, parts,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK: tl.constexpr, SMALL: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
+    BLOCK: tl.constexpr, SMALL: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
     PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -210,11 +233,11 @@ def _select_kernel(
             key_args = (start, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages,
                         local_pages, cand_pages, key_row)
             if SMALL == BLOCK:
-                counts = _page_keys(*key_args, BLOCK, MODE, STAGE)
+                counts = _page_keys(*key_args, BLOCK, TILES, MODE, STAGE)
             elif span <= SMALL:
-                counts = _page_keys(*key_args, SMALL, MODE, STAGE)
+                counts = _page_keys(*key_args, SMALL, 1, MODE, STAGE)
             else:
-                counts = _page_keys(*key_args, BLOCK, MODE, STAGE)
+                counts = _page_keys(*key_args, BLOCK, TILES, MODE, STAGE)
             tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
             tl.store(part_suffix + bins, tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts)
         _arrive_and_wait(arrived_ptr + row, parts, SYNC)
@@ -235,11 +258,11 @@ def _select_kernel(
             take_args = (start, end, key_row, thr, ties, ties_seen, taken, table, cand_pages, cand_slots, out,
                          out_slots, h)
             if SMALL == BLOCK:
-                _take_pages(*take_args, BLOCK, HKV, PAGE, STAGE)
+                _take_pages(*take_args, BLOCK, TILES, HKV, PAGE, STAGE)
             elif span <= SMALL:
-                _take_pages(*take_args, SMALL, HKV, PAGE, STAGE)
+                _take_pages(*take_args, SMALL, 1, HKV, PAGE, STAGE)
             else:
-                _take_pages(*take_args, BLOCK, HKV, PAGE, STAGE)
+                _take_pages(*take_args, BLOCK, TILES, HKV, PAGE, STAGE)
         if PHASE == 0:
             # The last program to finish clears the row's histogram and counter (all others are past
             # their last read of them).
@@ -323,6 +346,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
             sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
                   BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=block, SMALL=small,
+                  TILES=triton.cdiv(triton.cdiv(triton.cdiv(max(width, 1), parts), 16) * 16, block),
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
                   LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase

@@ -50,9 +50,11 @@ from triton.compiler import ASTSource
 from sglang_locks.kernels import selected_indices as m
 fn = m._select_kernel
 names = fn.arg_names
-# pages to entries, to a candidate list; candidates to entries; with a small tile for short rows or not
-for stage, small in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4)):
-    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, SMALL=small, PARTS_P2=8, MODE=0,
+# pages to entries, to a candidate list; candidates to entries; with a small tile for short rows or not; a
+# program's span in one tile or several
+for stage, small, tiles in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4), (1, 2)):
+    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, SMALL=small, TILES=tiles,
+                  PARTS_P2=8, MODE=0,
                   LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage)
     floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
     index = {{"seq_lens_ptr": {index!r}, "req_pool_ptr": {index!r}}}
@@ -73,7 +75,7 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [line.split() for line in out.stdout.splitlines()]
-    assert len(builds) == 6
+    assert len(builds) == 12
     for release, acquire, l2_loads in builds:
         assert release == "True"  # arrival publishes the program's stores at GPU scope (and acquires the others')
         assert acquire == "True"  # the wait reads the counter with acquire semantics
