@@ -207,10 +207,9 @@ def _select_kernel(
     else:
         n_items = n_sealed
     # The row's items are split over its parts programs by its own length (under CUDA graphs the grid
-    # follows the longest context the graph serves), at least SMALL each: a span of SMALL is one SMALL
-    # tile, a wider one goes in BLOCK tiles, the width's (see selection_tiles). Programs past the row's
-    # items only meet the others at the barrier.
-    span = tl.maximum(tl.cdiv(tl.cdiv(n_items, parts), 16) * 16, SMALL)
+    # follows the longest context the graph serves). A span that fits a SMALL tile is one round trip of
+    # it; a wider one goes in BLOCK tiles, the width's (see selection_tiles).
+    span = tl.cdiv(tl.cdiv(n_items, parts), 16) * 16
     start = part * span
     end = tl.minimum(start + span, n_items)
     bins = tl.arange(0, HIST_BINS)
@@ -225,7 +224,7 @@ def _select_kernel(
                 page, slot = _item(p, live, table, cand_pages, cand_slots, PAGE, STAGE)
                 _write(out, out_slots, p, page, slot, live, HKV, h, STAGE)
     else:
-        if ((PHASE == 0) | (PHASE == 1)) & (start < end):
+        if (PHASE == 0) | (PHASE == 1):
             g = tl.arange(0, BLOCK_G)
             gmask = g < G
             qrows = (b * HKV * G + h * G + g).to(tl.int64)
@@ -235,7 +234,7 @@ def _select_kernel(
                         local_pages, cand_pages, key_row)
             if SMALL == BLOCK:
                 counts = _page_keys(*key_args, BLOCK, TILES, MODE, STAGE)
-            elif span == SMALL:
+            elif span <= SMALL:
                 counts = _page_keys(*key_args, SMALL, 1, MODE, STAGE)
             else:
                 counts = _page_keys(*key_args, BLOCK, TILES, MODE, STAGE)
@@ -243,7 +242,7 @@ def _select_kernel(
             tl.store(part_suffix + bins, tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts)
         _arrive_and_wait(arrived_ptr + row, parts, SYNC)
 
-        if ((PHASE == 0) | (PHASE == 2)) & (start < end):
+        if (PHASE == 0) | (PHASE == 2):
             hist = tl.load(hist_ptr + row * HIST_BINS + bins, cache_modifier=".cg")
             thr, above = _kth_bin(hist, budget_pages)
             ties = budget_pages - above   # pages with key == thr to take, in page order
@@ -260,7 +259,7 @@ def _select_kernel(
                          out_slots, h)
             if SMALL == BLOCK:
                 _take_pages(*take_args, BLOCK, TILES, HKV, PAGE, STAGE)
-            elif span == SMALL:
+            elif span <= SMALL:
                 _take_pages(*take_args, SMALL, 1, HKV, PAGE, STAGE)
             else:
                 _take_pages(*take_args, BLOCK, TILES, HKV, PAGE, STAGE)
@@ -306,13 +305,10 @@ def selection_tile(items: int, parts: int, group: int) -> int:
 
 
 def selection_tiles(items: int, parts: int, group: int) -> tuple:
-    """(tile, small tile): selection_tile of rows items wide, and the least span of a program, one tile
-    of it (under CUDA graphs a launch sized for the longest context also selects short rows). At 8+
-    query heads per KV head every program merges many heads' partials first: short rows keep to fewer
-    programs of the full tile (GLM-4-9B-1M 128K in a 1M launch: 128 programs of 64 pages 12.1 us,
-    16 of 512 11.2, results/select_latency_ab_s18.json)."""
+    """(tile, small tile): selection_tile of rows items wide, and the one rows of a quarter of that or
+    less use (under CUDA graphs a launch sized for the longest context also selects short rows)."""
     tile = selection_tile(items, parts, group)
-    return tile, tile if group >= 8 else max(16, tile // 4)
+    return tile, max(16, tile // 4)
 
 
 # Items a program of the final selection over candidates handles at a time: with ~1K candidates
