@@ -34,9 +34,13 @@ not bandwidth. A program's span of items follows from its row's length, so
 that under CUDA graphs, whose grid is sized for the longest context a graph
 serves, a short row still spreads over all of its row's programs; a span that
 fits a quarter of the width's tile is loaded as one smaller tile
-(selection_tiles). The last program to arrive at the barrier goes on without
-a poll. Keeping a program's keys in registers across the barrier (its scores
-loaded first) took 10.2 us at Llama-3.1-8B 128K against 6.89
+(selection_tiles). H200, results/select_latency_ab_s18.json, against spans
+from the launch's width: Llama-3.1-8B 128K in a 1M-wide launch 8.40 vs 13.27
+us, bs=4 14.25 vs 38.29; launches as wide as their rows within +-0.2 us at
+Llama bs=1 128K-256K, +1.1 at GLM-4-9B-1M 1M (13.74 vs 12.66). A span of one
+tile is loaded without a loop (a loop of one trip was slower). The last
+program to arrive at the barrier goes on without a poll. Keeping a program's
+keys in registers across the barrier took 10.2 us at Llama 128K against 6.89
 (select_latency_ab_regs_s17.json). (A second, low-byte pass over 16-bit keys
 measured 3.3 us of the old 11.9 us launch at Llama 128K: one step of 1/16 nat
 loses no recall that an estimate can resolve.)

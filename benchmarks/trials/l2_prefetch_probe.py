@@ -12,6 +12,9 @@ attend in one CUDA graph, medians), against the same chain without prefetch:
              (cudaLimitPersistingL2CacheSize), which normal accesses cannot evict
 
     OUT=DIR python benchmarks/trials/l2_prefetch_probe.py
+
+Result (H200, results/l2_prefetch_probe_s18.json): slower in every form (Llama-3.1-8B 128K 36.2 us per layer
+without, 40.1-58.5 with; GLM-4-9B-1M 1M 65.2 without, 83.5-125.6 with); not pursued.
 """
 import ctypes
 import glob
