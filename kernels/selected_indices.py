@@ -180,8 +180,8 @@ def _select_kernel(
     cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
     sink_pages, local_pages, budget_pages, parts,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK: tl.constexpr, SMALL: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr, LOG_G: tl.constexpr,
-    PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr,
+    BLOCK: tl.constexpr, SMALL: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr,
+    LOG_G: tl.constexpr, PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr,
 ):
     row = tl.program_id(0)
     part = tl.program_id(1)

@@ -111,7 +111,8 @@ def run_shape(shape, context, reps, rows):
     vs = [torch.randn_like(k) for k in ks]
     sums = [random_summaries(slots // 16, hkv, d, cfg.rank) for _ in range(layers)]
     tables = (torch.arange(context, device="cuda", dtype=torch.int32).view(1, context) + 16,
-              torch.zeros(1, device="cuda", dtype=torch.int32), torch.full((1,), context, device="cuda", dtype=torch.int32))
+              torch.zeros(1, device="cuda", dtype=torch.int32),
+              torch.full((1,), context, device="cuda", dtype=torch.int32))
     q = torch.randn(1, hq, d, device="cuda", dtype=torch.bfloat16)
     ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
     dec = LocksDecode(cfg, ws, hq, hkv, d, 1, use_cuda_graph=True)

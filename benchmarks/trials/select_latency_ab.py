@@ -76,7 +76,8 @@ for shape, bsz, context, *width in CASES:
             torch.cuda.synchronize()
             got[name] = (indices.clone(), last_len.clone())
             us = launch_us(fn)
-            rows.append(dict(shape=shape, batch=bsz, context=context, width=width, version=name, rep=rep, us=round(us, 2),
+            rows.append(dict(shape=shape, batch=bsz, context=context, width=width, version=name, rep=rep,
+                             us=round(us, 2),
                              state_clear=bool(not state.hist.any() and not state.arrived.any())))
             print(rows[-1], flush=True)
     # this tree's phases as launches of their own (no barrier): where its time goes
@@ -89,7 +90,8 @@ for shape, bsz, context, *width in CASES:
             fn()
             hist = state.hist.clone()
         state.hist.copy_(hist)
-        rows.append(dict(shape=shape, batch=bsz, context=context, width=width, version=f"head_phase{phase}", us=round(launch_us(fn), 2)))
+        rows.append(dict(shape=shape, batch=bsz, context=context, width=width, version=f"head_phase{phase}",
+                         us=round(launch_us(fn), 2)))
         head._select_kernel = kernel
         print(rows[-1], flush=True)
     rows.append(dict(shape=shape, batch=bsz, context=context, width=width,
