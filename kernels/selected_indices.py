@@ -236,7 +236,7 @@ def _select_kernel(
             offset = key_offset(lse, gmask, MODE, LOG_G)
             key_args = (start, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages,
                         local_pages, cand_pages, key_row)
-            if SMALL == BLOCK:
+            if SMALL == BLOCK:  # one tile size: one code path (no branch compiled)
                 counts = _page_keys(*key_args, BLOCK, TILES, MODE, STAGE)
             elif span <= SMALL:
                 counts = _page_keys(*key_args, SMALL, 1, MODE, STAGE)
@@ -350,7 +350,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
             sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
                   BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=block, SMALL=small,
-                  TILES=triton.cdiv(triton.cdiv(triton.cdiv(max(width, 1), parts), 16) * 16, block),
+                  TILES=triton.cdiv(triton.cdiv(max(width, 1), parts), block),
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
                   LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase
