@@ -54,21 +54,31 @@ def partials_block(n_chunks: int, group: int) -> int:
 
 
 @triton.jit
-def row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, stride, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Log of each query head's total estimated mass [BLOCK_G], merged from the first n_chunks of the scoring
-    kernel's chunk partials (stride apart per query head)."""
+def merge_partials(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, stride, BLOCK_G: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CACHE: tl.constexpr):
+    """(max, sum) per query head [BLOCK_G] of the first n_chunks (max, sum) partials, stride apart per query
+    head (log-sum-exp partials: the head's mass is sum * e^max). CACHE: the loads' cache modifier."""
     run_m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     run_s = tl.zeros((BLOCK_G,), tl.float32)
     for start in range(0, n_chunks, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         msk = gmask[:, None] & (j[None, :] < n_chunks)
         off = qrows[:, None] * stride + j[None, :]
-        pm = tl.load(part_max_ptr + off, mask=msk, other=float("-inf"))
-        ps = tl.load(part_sum_ptr + off, mask=msk, other=0.0)
+        pm = tl.load(part_max_ptr + off, mask=msk, other=float("-inf"), cache_modifier=CACHE)
+        ps = tl.load(part_sum_ptr + off, mask=msk, other=0.0, cache_modifier=CACHE)
         new_m = tl.maximum(run_m, tl.max(pm, 1))
         safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
         run_s = run_s * tl.exp(run_m - safe_m) + tl.sum(ps * tl.exp(pm - safe_m[:, None]), 1)
         run_m = new_m
+    return run_m, run_s
+
+
+@triton.jit
+def row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, stride, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+            CACHE: tl.constexpr):
+    """Log of each query head's total estimated mass [BLOCK_G], merged from the first n_chunks of the scoring
+    kernel's chunk partials (stride apart per query head); 0 for a head without pages."""
+    run_m, run_s = merge_partials(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, stride, BLOCK_G, BLOCK_N, CACHE)
     return tl.where(run_s > 0, run_m + tl.log(run_s), 0.0)
 
 
@@ -122,7 +132,7 @@ def _aggregate_kernel(
     g = tl.arange(0, BLOCK_G)
     gmask = g < G
     qrows = (b * HKV * G + (row % HKV) * G + g).to(tl.int64)
-    lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, n_chunks, BLOCK_G, BLOCK_N)
+    lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_chunks, n_chunks, BLOCK_G, BLOCK_N, "")
     p = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
     agg = aggregate_block(scores_ptr, qrows, gmask, max_pages, p, n_sealed, p, n_sealed, lse, sink_pages, local_pages,
                           MODE)

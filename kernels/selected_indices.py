@@ -62,9 +62,11 @@ import triton
 import triton.language as tl
 
 from ._triton import interpreted, num_sms
-from .aggregate_scores import AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, page_key, partials_block, row_lse
+from .aggregate_scores import (AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, merge_partials, page_key,
+                               partials_block, row_lse)
 
 PAGE_BLOCK = 512  # pages per program, before the grid's cap (selection_parts)
+SPLIT_MERGE_ABOVE = 2048  # score partials (chunks x query heads) a row's programs each merge whole
 
 
 @triton.jit
@@ -177,9 +179,10 @@ def _take_pages(start, end, key_row, thr, ties, ties_seen, taken, table, cand_pa
 def _select_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks, part_stride,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr, last_len_ptr,
-    cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr,
+    cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr, slice_max_ptr, slice_sum_ptr,
     sink_pages, local_pages, budget_pages, parts,
-    HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+    HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SLICE: tl.constexpr,
+    SPLIT: tl.constexpr, PAGE: tl.constexpr,
     BLOCK: tl.constexpr, SMALL: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr,
     LOG_G: tl.constexpr, PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr,
 ):
@@ -221,18 +224,35 @@ def _select_kernel(
     part_suffix = suffix_ptr + (row * parts + part).to(tl.int64) * HIST_BINS
 
     if n_sealed <= budget_pages:  # every sealed page, in order (the same for all of the row's programs)
-        if (PHASE == 0) | (PHASE == 2):
+        if (PHASE == 0) | (PHASE == 3):
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
                 live = p < end
                 page, slot = _item(p, live, table, cand_pages, cand_slots, PAGE, STAGE)
                 _write(out, out_slots, p, page, slot, live, HKV, h, STAGE)
     else:
-        if (PHASE == 0) | (PHASE == 1):
-            g = tl.arange(0, BLOCK_G)
-            gmask = g < G
-            qrows = (b * HKV * G + h * G + g).to(tl.int64)
-            lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, part_stride, BLOCK_G, BLOCK_N)
+        g = tl.arange(0, BLOCK_G)
+        gmask = g < G
+        qrows = (b * HKV * G + h * G + g).to(tl.int64)
+        if SPLIT:
+            # Each program merges a slice of the score chunks' partials, then each merges the row's slices,
+            # instead of every program reading all of the row's partials (GLM-4-9B-1M bs=1: 528 chunks x 16
+            # query heads, several round trips a program).
+            srows = (row * G + g).to(tl.int64)   # slices [rows, G, parts]
+            if (PHASE == 0) | (PHASE == 1):
+                per = tl.cdiv(n_score_chunks, parts)
+                c0 = tl.minimum(part * per, n_score_chunks)
+                m, sm = merge_partials(part_max_ptr + c0, part_sum_ptr + c0, qrows, gmask,
+                                       tl.minimum(per, n_score_chunks - c0), part_stride, BLOCK_G, BLOCK_SLICE, "")
+                tl.store(slice_max_ptr + srows * parts + part, m, mask=gmask)
+                tl.store(slice_sum_ptr + srows * parts + part, sm, mask=gmask)
+            _arrive_and_wait(arrived_ptr + row, parts, SYNC)
+        if (PHASE == 0) | (PHASE == 2):
+            if SPLIT:
+                lse = row_lse(slice_max_ptr, slice_sum_ptr, srows, gmask, parts, parts, BLOCK_G, BLOCK_N, ".cg")
+            else:
+                lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, part_stride, BLOCK_G, BLOCK_N,
+                              "")
             offset = key_offset(lse, gmask, MODE, LOG_G)
             key_args = (start, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages,
                         local_pages, cand_pages, key_row)
@@ -244,9 +264,9 @@ def _select_kernel(
                 counts = _page_keys(*key_args, BLOCK, TILES, MODE, STAGE)
             tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
             tl.store(part_suffix + bins, tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts)
-        _arrive_and_wait(arrived_ptr + row, parts, SYNC)
+        _arrive_and_wait(arrived_ptr + row, (1 + SPLIT) * parts, SYNC)
 
-        if (PHASE == 0) | (PHASE == 2):
+        if (PHASE == 0) | (PHASE == 3):
             hist = tl.load(hist_ptr + row * HIST_BINS + bins, cache_modifier=".cg")
             thr, above = _kth_bin(hist, budget_pages)
             ties = budget_pages - above   # pages with key == thr to take, in page order
@@ -271,14 +291,14 @@ def _select_kernel(
             # The last program to finish clears the row's histogram and counter (all others are past
             # their last read of them).
             if SYNC:
-                done = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu") == 2 * parts - 1
+                done = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu") == (2 + SPLIT) * parts - 1
             else:
                 done = True
             if done:
                 tl.store(hist_ptr + row * HIST_BINS + bins, tl.zeros((HIST_BINS,), tl.int32))
                 tl.store(arrived_ptr + row, 0)
     if STAGE != 1:
-        if (part == 0) & ((PHASE == 0) | (PHASE == 2)):
+        if (part == 0) & ((PHASE == 0) | (PHASE == 3)):
             tail = seq_len - n_sealed * PAGE
             tl.store(last_len_ptr + row, tl.where(tail > 0, tail, PAGE))  # FlashInfer's last page: tail or sealed
             if tail > 0:
@@ -315,6 +335,12 @@ def selection_tiles(items: int, parts: int, group: int) -> tuple:
     return tile, max(16, tile // 4)
 
 
+def split_merge(n_chunks: int, parts: int, group: int) -> bool:
+    """Whether a row's programs merge the score partials in slices (a barrier more) rather than each merging
+    all of them: where those are more than SPLIT_MERGE_ABOVE values."""
+    return parts > 1 and n_chunks * triton.next_power_of_2(group) > SPLIT_MERGE_ABOVE
+
+
 # Items a program of the final selection over candidates handles at a time: with ~1K candidates
 # per row, blocks of 1024 would leave one program per row.
 CANDIDATE_BLOCK = 256
@@ -344,17 +370,21 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
     block, small = selection_tiles(width, parts, group)
     keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
     suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
+    split = split_merge(n_chunks, parts, group)
+    slices = torch.empty(2, rows, group, parts if split else 1, dtype=torch.float32, device=scores.device)
     args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
             req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices, last_page_len,
-            cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix,
+            cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix, slices[0], slices[1],
             sink_pages, local_pages, budget_pages, parts)
     consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
-                  BLOCK_N=partials_block(n_chunks, group), PAGE=16, BLOCK=block, SMALL=small,
+                  BLOCK_N=partials_block(parts if split else n_chunks, group),
+                  BLOCK_SLICE=partials_block(triton.cdiv(n_chunks, parts), group), SPLIT=int(split), PAGE=16,
+                  BLOCK=block, SMALL=small,
                   TILES=triton.cdiv(triton.cdiv(max(width, 1), parts), block),
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
                   LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase
-        for phase in (1, 2):
+        for phase in (1, 2, 3) if split else (2, 3):
             _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, **consts)
         state.hist.zero_()
     else:

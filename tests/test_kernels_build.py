@@ -51,12 +51,12 @@ from sglang_locks.kernels import selected_indices as m
 fn = m._select_kernel
 names = fn.arg_names
 # pages to entries, to a candidate list; candidates to entries; with a small tile for short rows or not; a
-# program's span in one tile or several
-for stage, small, tiles in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4), (1, 2)):
-    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, PAGE=16, BLOCK=m.PAGE_BLOCK, SMALL=small, TILES=tiles,
-                  PARTS_P2=8, MODE=0,
-                  LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage)
-    floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr")
+# program's span in one tile or several; the score partials merged whole or in slices (a second barrier)
+configs = [(*c, 0) for c in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4), (1, 2))]
+for stage, small, tiles, split in configs + [(0, m.PAGE_BLOCK // 4, 1, 1), (1, m.PAGE_BLOCK, 2, 1)]:
+    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=split, PAGE=16, BLOCK=m.PAGE_BLOCK,
+                  SMALL=small, TILES=tiles, PARTS_P2=8, MODE=0, LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage)
+    floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr", "slice_max_ptr", "slice_sum_ptr")
     index = {{"seq_lens_ptr": {index!r}, "req_pool_ptr": {index!r}}}
     sig = {{n: "constexpr" if n in consts else "*fp32" if n in floats else index.get(n, "*i32") if n.endswith("_ptr")
            else "i32" for n in names}}
@@ -75,7 +75,7 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [line.split() for line in out.stdout.splitlines()]
-    assert len(builds) == 12
+    assert len(builds) == 14
     for release, acquire, l2_loads in builds:
         assert release == "True"  # arrival publishes the program's stores at GPU scope (and acquires the others')
         assert acquire == "True"  # the wait reads the counter with acquire semantics

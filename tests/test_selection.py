@@ -13,6 +13,7 @@ from sglang_locks.kernels.aggregate_scores import (
     page_key_torch,
 )
 from sglang_locks.kernels.aggregate_scores import KEY_RANGE, KEY_SCALE
+from sglang_locks.kernels import selected_indices
 from sglang_locks.kernels.selected_indices import (
     SelectionState,
     select_pages_by_key_torch,
@@ -51,8 +52,9 @@ def test_selection_contains_sink_local_and_is_top():
             assert got - {0, 1, n - 3, n - 2, n - 1} == set(best)
 
 
-def _scored(seq_lens, hkv, group, seed, ties=False):
-    """Random per-head scores (-inf past the sealed pages) and one-chunk partials, as score_pages_triton leaves them."""
+def _scored(seq_lens, hkv, group, seed, ties=False, chunks=1):
+    """Random per-head scores (-inf past the sealed pages) and the (max, sum) partials of chunks chunks of
+    pages, as score_pages_triton leaves them."""
     gen = torch.Generator().manual_seed(seed)
     max_pages = max(seq_lens) // 16 + 2
     scores = 3 * torch.randn(len(seq_lens), hkv * group, max_pages, generator=gen)
@@ -60,8 +62,14 @@ def _scored(seq_lens, hkv, group, seed, ties=False):
         scores = scores.round()
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     scores = scores.masked_fill(torch.arange(max_pages) >= (lens.long() // 16)[:, None, None], float("-inf"))
-    lse = torch.logsumexp(scores, -1, keepdim=True)
-    return scores, lse.clone(), torch.ones_like(lse)  # one chunk holding everything
+    if chunks == 1:
+        lse = torch.logsumexp(scores, -1, keepdim=True)
+        return scores, lse.clone(), torch.ones_like(lse)
+    parts = scores.tensor_split(chunks, -1)  # some chunks empty (all -inf) where pages are few
+    part_max = torch.stack([x.amax(-1) if x.shape[-1] else scores[..., 0] * 0 - float("inf") for x in parts], -1)
+    safe = torch.where(torch.isfinite(part_max), part_max, torch.zeros_like(part_max))
+    part_sum = torch.stack([(x - safe[..., i, None]).exp().sum(-1) for i, x in enumerate(parts)], -1)
+    return scores, part_max, part_sum
 
 
 def _select(c, scored, hkv, cfg, state):
@@ -91,16 +99,21 @@ CASES = [  # seq_lens (mixed: over and under budget, tails, empty), KV heads, gr
 ]
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("seq_lens, hkv, group, budget", CASES)
-def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, budget, ties, device):
+def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, budget, ties, split, device,
+                                                          monkeypatch):
+    """split: the score partials merged in slices by the row's programs (a barrier more), the form
+    of many chunks; otherwise each program merges all of them."""
+    monkeypatch.setattr(selected_indices, "SPLIT_MERGE_ABOVE", 0 if split else 10**9)
     cfg = LocksConfig(token_budget=budget, sink_pages=1, local_pages=2)
     c = random_cache(seq_lens, hkv, 64, device=device)
     # Scores follow the cache's (shuffled) batch order, so lengths come from the cache.
     lens = c["seq_lens"].cpu().tolist()
     state = SelectionState(len(lens) * hkv, device)
     for seed in (budget, budget + 1):  # the second launch finds the state the first one left
-        scored = _scored(lens, hkv, group, seed=seed, ties=ties)
+        scored = _scored(lens, hkv, group, seed=seed, ties=ties, chunks=37)
         indptr, got = _select(c, scored, hkv, cfg, state)
         assert not state.hist.any() and not state.arrived.any()  # cleared for the next launch
         # The reference ranks the aggregation kernel's agg by the same keys.
@@ -124,7 +137,7 @@ def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, 
             want_pages = [page_of[int(e)] for e in want[indptr[row] : indptr[row + 1]]]
             if pages != want_pages:
                 # The two kernels' float32 agg may round a key differently: only near-ties may swap.
-                assert not interpreted(), "the interpreter runs both kernels' math identically"
+                assert split or not interpreted(), "the interpreter runs both kernels' math identically"
                 kth = flat[row, want_sel[row]].min()
                 swapped = sorted(set(pages) ^ set(want_sel[row].tolist()) - {n // 16})
                 assert (flat[row, swapped] - kth).abs().max() < 2 * STEP

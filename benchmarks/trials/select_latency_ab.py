@@ -84,9 +84,12 @@ for shape, bsz, context, *width in CASES:
     state = head.SelectionState(bsz * hkv, q.device)
     fn = lambda: head.selected_indices_triton(*scored, *tables, indptr, indices, last_len, hkv, cfg.sink_pages,  # noqa: E731
                                               cfg.local_pages, cfg.gqa_aggregation, cfg.budget_pages, state)
-    for phase in (1, 2):  # phase 2 reads the histogram of phase 1's first launch (its others add to it)
+    # phase 1 (where the partials are merged in slices) and 2 make the histogram; phase 3 reads phase 2's first
+    # launch's (its others add to it)
+    split = head.split_merge(scored[1].shape[-1], head.selection_parts(bsz * hkv, max_pages, q.device), hq // hkv)
+    for phase in (1, 2, 3) if split else (2, 3):
         head._select_kernel = OnePhase(kernel, phase)
-        if phase == 1:
+        if phase == 2:
             fn()
             hist = state.hist.clone()
         state.hist.copy_(hist)
