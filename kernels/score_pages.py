@@ -560,10 +560,20 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     return scores, part_max, part_sum
 
 
+def int8_query(q: torch.Tensor) -> torch.Tensor:
+    """q rounded as score_pages_gluon_heads rounds it for the basis term: s * round(q / s) per head, s = max|q| / 127
+    (float64)."""
+    q = q.double()
+    s = q.abs().amax(-1, keepdim=True) / 127
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return s * torch.floor(q / s + 0.5)
+
+
 def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, terms="full",
-                      estimate_rank=0):
+                      estimate_rank=0, basis_q=None):
     """Reference in the dtype of q (use float64 q for a float64 reference) of the "full" and
-    "estimate" launches. Returns scores only."""
+    "estimate" launches. Returns scores only. basis_q: the query of the basis term (q . V) where a
+    kernel rounds it (int8_query), q itself by default."""
     bsz, hq, d = q.shape
     hkv = summaries.num_kv_heads
     group = hq // hkv
@@ -578,7 +588,8 @@ def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
     qmu = torch.einsum("bhgd,bphd->bhgp", qg, mu)
     ranks = estimate_rank if terms == "estimate" else basis.shape[-2]
     # No ranks: every per-key term is 0, so the page scores q . mu + log 16 (its keys on the centroid).
-    proj = torch.einsum("bhgd,bphrd->bhgpr", qg, basis[..., :ranks, :])
+    qb = qg if basis_q is None else basis_q.to(q.dtype).view(bsz, hkv, group, d)
+    proj = torch.einsum("bhgd,bphrd->bhgpr", qb, basis[..., :ranks, :])
     local = torch.einsum("bhgpr,bphir->bhgpi", proj, coef[..., :ranks])
     s = torch.logsumexp((qmu[..., None] + local) * sm_scale, -1)
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))

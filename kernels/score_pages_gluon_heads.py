@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .score_pages import LOG2E, score_chunks, score_outputs
-from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _LN2, _idx2, _idx3, _int8_to_f16, _lg2, _next_step,
+from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _LN2, _idx2, _idx3, _int8_to_f16, _log2_mass, _next_step,
                                 _prologue, _row_span, _stage_buffers, _store_scores, _unpack_int4_x16, gluon_applies)
 
 
@@ -59,7 +59,24 @@ def _score_pages_heads_kernel(
     rec_next = _prologue(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr,
                          mu_scale_ptr, table, h, start, n_last, BP, HKV, D, PAGE, STAGES, num_warps)
 
-    # Query plane rows m: head (m // 16) * 8 + m % 8, plane (m // 8) % 2; q1 = round(q / s), q2 = round((q / s - q1) * 254).
+    # The basis term's query rows: the G heads in order, q1 = round(q / s) (s = max|q| / 127 per head) alone. Its
+    # rounding (2^-8 of max|q|) is ~20x below the int4 basis's own and leaves the basis mma half the rows of two
+    # planes, and no planes to add.
+    vq, vk = _idx2(G, HALF, blk)
+    ptr = q_ptr + b * stride_qb + (h * G + vq) * stride_qh + vk
+    lo = gl.load(ptr).to(gl.float32)
+    hi = gl.load(ptr + HALF).to(gl.float32)
+    amax = gl.maximum(gl.max(gl.abs(lo), 1), gl.max(gl.abs(hi), 1))
+    s_head = gl.where(amax > 0, amax / 127.0, 1.0)                                     # [G]
+    za = gl.zeros([PAIRS, G, HALF], gl.int8, a8)
+    s = gl.expand_dims(s_head, 1)
+    qa_lo = gl.expand_dims(gl.convert_layout(gl.floor(lo / s + 0.5).to(gl.int8), gl.SliceLayout(0, a8)), 0) + za
+    qa_hi = gl.expand_dims(gl.convert_layout(gl.floor(hi / s + 0.5).to(gl.int8), gl.SliceLayout(0, a8)), 0) + za
+    w_head = gl.convert_layout(s_head * scale_log2, gl.SliceLayout(0, gl.SliceLayout(2, mma3)))
+    w_head = gl.expand_dims(gl.expand_dims(w_head, 0), 2)                             # [1, G, 1]
+
+    # The centroid term (large: it keeps both planes), query plane rows m: head (m // 16) * 8 + m % 8, plane
+    # (m // 8) % 2; q1 as above, q2 = round((q / s - q1) * 254).
     qm, qk = _idx2(MQ, HALF, blk)
     head = (qm // 16) * 8 + qm % 8
     second = ((qm // 8) % 2) == 1
@@ -67,29 +84,19 @@ def _score_pages_heads_kernel(
     lo = gl.load(ptr).to(gl.float32)
     hi = gl.load(ptr + HALF).to(gl.float32)
     amax = gl.maximum(gl.max(gl.abs(lo), 1), gl.max(gl.abs(hi), 1))     # [MQ] per row = per head
-    s1 = gl.where(amax > 0, amax / 127.0, 1.0)
-    s = gl.expand_dims(s1, 1)
+    s = gl.expand_dims(gl.where(amax > 0, amax / 127.0, 1.0), 1)
     lo = lo / s
     hi = hi / s
     lo1 = gl.floor(lo + 0.5)
     hi1 = gl.floor(hi + 0.5)
     q_lo = gl.where(second, gl.floor((lo - lo1) * 254.0 + 0.5), lo1).to(gl.int8)
     q_hi = gl.where(second, gl.floor((hi - hi1) * 254.0 + 0.5), hi1).to(gl.int8)
-    za = gl.zeros([PAIRS, MQ, HALF], gl.int8, a8)
-    qa_lo = gl.expand_dims(gl.convert_layout(q_lo, gl.SliceLayout(0, a8)), 0) + za
-    qa_hi = gl.expand_dims(gl.convert_layout(q_hi, gl.SliceLayout(0, a8)), 0) + za
     qm_lo = gl.convert_layout(q_lo, a8m)
     qm_hi = gl.convert_layout(q_hi, a8m)
-
-    # the basis product's layout once the planes are split off: [PAIRS, 2 tiles, 8 heads, 16 (page, rank)]
-    spl: gl.constexpr = gl.split(gl.permute(gl.reshape(gl.zeros([PAIRS, MQ, 16], gl.int32, mma3),
-                                                       [PAIRS, 2, 2, 8, 16]), (0, 1, 3, 4, 2)))[0].type.layout
-    s_head = gl.convert_layout(gl.max(gl.reshape(gl.convert_layout(s1, gl.SliceLayout(1, blk)), [2, 2, 8]), 1),
-                               gl.SliceLayout(0, gl.SliceLayout(3, spl)))              # [2 tiles, 8 heads]
-    w_head = gl.expand_dims(gl.expand_dims(s_head * (scale_log2 / 254.0), 0), 3)       # [1, 2, 8, 1]
     spm: gl.constexpr = gl.split(gl.permute(gl.reshape(gl.zeros([MQ, BP], gl.int32, mma2), [2, 2, 8, BP]),
                                             (0, 2, 3, 1)))[0].type.layout
-    w_mu = gl.expand_dims(gl.convert_layout(s_head * (scale_log2 / 254.0), gl.SliceLayout(2, spm)), 2)  # [2, 8, 1]
+    w_mu = gl.convert_layout(gl.reshape(s_head, [2, 8]) * (scale_log2 / 254.0), gl.SliceLayout(2, spm))
+    w_mu = gl.expand_dims(w_mu, 2)                                                     # [2 tiles, 8 heads, 1]
 
     cvec: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 16, 2], [num_warps, 1, 1], [2, 1, 0])
     # block-diagonal mask of the coefficient operand: (page of the pair, rank) x (page of the pair, key)
@@ -110,13 +117,11 @@ def _score_pages_heads_kernel(
         # basis rows [(page, rank)] as the columns: B [PAIRS, 64 bytes (K), 16]
         vb = smem_v.index(st).reshape([PAIRS, 16, HALF]).permute([0, 2, 1]).load(b8)
         v_lo, v_hi = _unpack_int4_x16(vb)
-        acc = mma_v2(qa_lo, v_lo, gl.zeros([PAIRS, MQ, 16], gl.int32, mma3))
+        acc = mma_v2(qa_lo, v_lo, gl.zeros([PAIRS, G, 16], gl.int32, mma3))
         acc = mma_v2(qa_hi, v_hi, acc)
-        # planes: rows r and r + 8 of each 16-row tile, one thread's registers
-        a0, a1 = gl.split(gl.permute(gl.reshape(acc, [PAIRS, 2, 2, 8, 16]), (0, 1, 3, 4, 2)))
-        cs = smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(1, gl.SliceLayout(2, spl))) * 0.0625
-        proj = (a0 * 254 + a1).to(gl.float32) * w_head * gl.expand_dims(gl.expand_dims(cs, 1), 2)
-        proj = gl.convert_layout(gl.reshape(proj, [PAIRS, G, 16]).to(gl.float16), a16)
+        cs = smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(1, mma3)) * 0.0625
+        proj = acc.to(gl.float32) * w_head * gl.expand_dims(cs, 1)
+        proj = gl.convert_layout(proj.to(gl.float16), a16)
         # coefficients [PAIRS, 16 (page, rank), 16 keys] (16-byte rows), to fp16 in the operand layout, then
         # block-diagonal [PAIRS, 16, 32 (page, key)]: each key column twice, the other page's half zero
         c = smem_c.index(st).reshape([PAIRS, 16, PAGE]).load(cvec)
@@ -124,8 +129,8 @@ def _score_pages_heads_kernel(
         cbd = gl.reshape(gl.permute(gl.join(cf, cf), (0, 1, 3, 2)), [PAIRS, 16, 2 * PAGE])
         cbd = gl.where(b_live, gl.convert_layout(cbd, b16), 0.0)
         local = mma_v2(proj, cbd, gl.zeros([PAIRS, G, 2 * PAGE], gl.float32, mma3))
-        mass = gl.sum(gl.exp2(gl.minimum(gl.reshape(local, [PAIRS, G, 2, PAGE]), 120.0)), 3)   # [PAIRS, G, 2]
-        lse = gl.convert_layout(gl.reshape(gl.permute(_lg2(mass), (1, 0, 2)), [G, BP]), ep)
+        lse = _log2_mass(gl.reshape(local, [PAIRS, G, 2, PAGE]), 3)                         # [PAIRS, G, 2]
+        lse = gl.convert_layout(gl.reshape(gl.permute(lse, (1, 0, 2)), [G, BP]), ep)
 
         # q . mu: the query planes against the step's centroids [64 bytes (K), BP]
         mu = smem_m.index(st).slice(0, BP, 0)
