@@ -74,13 +74,6 @@ def _lg2(x):
 
 
 @gluon.jit
-def _log2_mass(local, axis: gl.constexpr):
-    """log2 of the sum of exp2(local) along axis: a page's keys. A term past 2^128 makes the sum inf and its
-    log 127, once per page, instead of each term clamped before its exponential (an instruction per key)."""
-    return gl.minimum(_lg2(gl.sum(gl.exp2(local), axis)), 127.0)
-
-
-@gluon.jit
 def _idx3(N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, layout: gl.constexpr):
     i0 = gl.arange(0, N0, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
     i1 = gl.arange(0, N1, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
@@ -334,7 +327,8 @@ def _score_pages_gluon_kernel(
         pbd = gl.reshape(gl.permute(gl.join(proj, proj), (0, 1, 3, 2)), [PAIRS, 16, NC])
         pbd = gl.where(b_live, gl.convert_layout(pbd, b16), 0.0)
         local = mma_v2(_int8_to_f16(c), pbd, gl.zeros([PAIRS, PAGE, NC], gl.float32, mma3))
-        lse = gl.convert_layout(gl.reshape(_log2_mass(gl.reshape(local, [PAIRS, PAGE, 2, GH]), 1), [BP, GH]), ep)
+        mass = gl.sum(gl.exp2(gl.minimum(gl.reshape(local, [PAIRS, PAGE, 2, GH]), 120.0)), 1)   # [PAIRS, 2, GH]
+        lse = gl.convert_layout(gl.reshape(_lg2(mass), [BP, GH]), ep)
 
         qmu = mma_v2(mu_hi, qm_hi, mma_v2(mu_lo, qm_lo, gl.zeros([MU_ROWS, NC], gl.int32, mma2)))
         qmu = gl.sum(gl.reshape(qmu.to(gl.float32) * wm * mu_scale, [MU_ROWS, GH, 2]), 2)

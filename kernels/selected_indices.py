@@ -11,8 +11,15 @@ whose first token is slot.
 Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
 and ranked by one-byte keys (page_key: the page's share of its group's
 estimated mass in steps of 1/16 nat); top-k is a counting select over a row's
-pages, which several programs share, in two phases:
+pages, which several programs share, in two phases (three where a row's score
+partials are many, split_merge):
 
+  0. each program merges a slice of the score kernel's chunk partials into
+     each head's (max, sum), and after a row barrier each merges the row's
+     slices, instead of each program merging all of the partials (GLM-4-9B-1M
+     bs=1: 528 chunks x 16 heads; H200, results/select_latency_ab_split_s19.json:
+     128K 10.1-10.2 vs 10.6-10.9 us; at Llama-3.1-8B 128K, 132 chunks x 4 heads,
+     the barrier costs more than it saves: 8.4-8.5 vs 6.5-6.8 us);
   1. each program computes its pages' keys, adds their histogram to the row's
      (atomics) and stores its own histogram's suffix sums (pages at or above
      each key);
@@ -330,9 +337,12 @@ def selection_tile(items: int, parts: int, group: int) -> int:
 
 def selection_tiles(items: int, parts: int, group: int) -> tuple:
     """(tile, small tile): selection_tile of rows items wide, and the one rows of a quarter of that or
-    less use (under CUDA graphs a launch sized for the longest context also selects short rows)."""
+    less use (under CUDA graphs a launch sized for the longest context also selects short rows). At 8+
+    query heads per KV head, none: the kernel without that path was faster at GLM-4-9B-1M (H200,
+    results/select_latency_ab_split_s19.json: 128K 9.7-9.8 us with the split merge, 10.1-10.2 with a
+    small tile)."""
     tile = selection_tile(items, parts, group)
-    return tile, max(16, tile // 4)
+    return tile, tile if group >= 8 else max(16, tile // 4)
 
 
 def split_merge(n_chunks: int, parts: int, group: int) -> bool:

@@ -22,6 +22,7 @@ from sglang_locks.kernels.selected_indices import (
     PAGE_BLOCK,
     selection_parts,
     selection_tile,
+    selection_tiles,
 )
 from sglang_locks.selection import pages_per_request, select_pages, selected_pages
 from sglang_locks.sparse_decode import dense_decode_reference, per_head_pages, sparse_decode_reference
@@ -256,6 +257,7 @@ def test_selection_grid_stays_resident():
 def test_selection_tile_covers_a_program_span_within_the_register_cap():
     for items, parts, group in ((8192, 16, 4), (65536, 33, 4), (65536, 128, 16), (5, 1, 1), (70000, 3, 32)):
         tile = selection_tile(items, parts, group)
+        assert selection_tiles(items, parts, group) == (tile, tile if group >= 8 else max(16, tile // 4))
         assert tile & (tile - 1) == 0 and tile >= 16
         span = -(-items // parts)
         assert tile >= span or tile * triton.next_power_of_2(group) == 8192
