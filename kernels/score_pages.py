@@ -561,12 +561,12 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
 
 
 def int8_query(q: torch.Tensor) -> torch.Tensor:
-    """q as score_pages_gluon_heads rounds it for the basis term, in float64: s * round(q / s) per head,
-    s = max|q| / 127, computed in float32 as the kernel does (IEEE divisions)."""
-    q = q.float()
+    """q as score_pages_gluon_heads rounds it for the basis term: s * floor(q / s + 1/2) per head, s = max|q| / 127
+    (float64; the kernel's float32 divisions may round an element within ~1e-5 of a half step the other way)."""
+    q = q.double()
     s = q.abs().amax(-1, keepdim=True) / 127
     s = torch.where(s > 0, s, torch.ones_like(s))
-    return s.double() * torch.floor(q / s + 0.5).double()
+    return s * torch.floor(q / s + 0.5)
 
 
 def score_pages_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, terms="full",

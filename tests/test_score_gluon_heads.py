@@ -17,6 +17,10 @@ CASES = [([16 * 33], 1), ([16 * 37 + 5, 47, 3, 16 * 40], 2), ([0, 16 * 65 + 15, 
 def test_heads_rows_scores_match_float64_reference(seq_lens, hkv, chunk_pages, device):
     c = random_cache(seq_lens, hkv, 128, device=device, seed=len(seq_lens) + hkv)
     q = torch.randn(len(seq_lens), hkv * 16, 128, device=device).bfloat16()
+    # elements within 1e-3 of a half step of the kernel's int8 rounding (where its float32 division and the
+    # reference's float64 one may round apart) set to 0
+    x = q.double() / (q.double().abs().amax(-1, keepdim=True) / 127)
+    q = q.masked_fill(((x - x.floor()) - 0.5).abs() < 1e-3, 0)
     max_pages = max(seq_lens) // 16 + 3
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"].long(), max_pages, 128**-0.5)
     scores, part_max, part_sum = score_pages_gluon_heads(q, *args, chunk_pages=chunk_pages)
@@ -24,7 +28,10 @@ def test_heads_rows_scores_match_float64_reference(seq_lens, hkv, chunk_pages, d
     ref = score_pages_torch(q.double(), *args, basis_q=int8_query(q))
     finite = torch.isfinite(ref)
     assert torch.isfinite(scores[finite]).all()
-    assert torch.allclose(scores[finite].double(), ref[finite], atol=1e-3, rtol=1e-3)
+    excess = (scores[finite].double() - ref[finite]).abs() - 1e-3 - 1e-3 * ref[finite].abs()
+    worst = int(excess.argmax())
+    assert excess[worst] <= 0, (float(scores[finite][worst]), float(ref[finite][worst]),
+                                float(score_pages_torch(q.double(), *args)[finite][worst]))
     # against the two planes' scores: within what the rounding moves them
     rows_pages = score_pages_gluon(q, *args, chunk_pages=chunk_pages)[0]
     moved = (ref - score_pages_torch(q.double(), *args)).abs()[finite]
