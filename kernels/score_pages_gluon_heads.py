@@ -11,7 +11,10 @@ and each page's keys lie along a quad of lanes and in registers (2 shuffle round
 reuses the query planes as A against the step's centroids as B.
 
 H200, one layer, against score_pages_gluon in the same run (results/score_heads_ab_s16.json): GLM-4-9B-1M
-bs=1 1M 43.7 vs 49.9 us, 256K 15.1 vs 19.5, 128K 9.7 vs 14.0; bs=8 256K 80.4 vs 90.1.
+bs=1 1M 43.7 vs 49.9 us, 256K 15.1 vs 19.5, 128K 9.7 vs 14.0; bs=8 256K 80.4 vs 90.1. The basis term against
+one query plane (the centroid term keeps two) with each page's log2 mass clamped once, against the two planes
+and per-key clamps (results/score_copy_ab_s19.json): 1M 40.0 vs 44.3 us (67 % of copy bandwidth), 256K 14.6 vs
+15.1, 128K 9.8 vs 10.2; bs=8 256K 74.6 vs 81.7. Either change alone was not faster.
 """
 
 from __future__ import annotations
