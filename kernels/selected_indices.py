@@ -11,19 +11,20 @@ whose first token is slot.
 Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
 and ranked by one-byte keys (page_key: the page's share of its group's
 estimated mass in steps of 1/16 nat); top-k is a counting select over a row's
-pages, which several programs share, in two phases (three where a row's score
-partials are many, split_merge):
+pages, which several programs share, in two phases (2 and 3; phase 1 first
+where a row's score partials are many, split_merge):
 
-  0. each program merges a slice of the score kernel's chunk partials into
+  1. each program merges a slice of the score kernel's chunk partials into
      each head's (max, sum), and after a row barrier each merges the row's
      slices, instead of each program merging all of the partials (GLM-4-9B-1M
-     bs=1: 528 chunks x 16 heads; H200, results/select_latency_ab_split_s19.json:
-     128K 10.1-10.2 vs 10.6-10.9 us; at Llama-3.1-8B 128K, 132 chunks x 4 heads,
-     the barrier costs more than it saves: 8.4-8.5 vs 6.5-6.8 us);
-  1. each program computes its pages' keys, adds their histogram to the row's
+     bs=1: 528 chunks x 16 heads; H200, results/select_latency_ab_split_s19.json,
+     against merging all of them: 128K 10.06 vs 10.58 us, 256K 9.99 vs 10.60,
+     1M 13.28 vs 14.27; at Llama-3.1-8B 128K, 132 chunks x 4 heads, the barrier
+     costs more than it saves: 8.41 vs 6.57 us, _call1.json);
+  2. each program computes its pages' keys, adds their histogram to the row's
      (atomics) and stores its own histogram's suffix sums (pages at or above
      each key);
-  2. it finds the k-th largest key T in the row's histogram and takes its
+  3. it finds the k-th largest key T in the row's histogram and takes its
      pages with key > T plus, in page order, as many with key == T as the
      budget still holds, at positions that follow from the earlier programs'
      suffix sums at T and T + 1.
@@ -34,7 +35,7 @@ for each other on a counter (spin): selection_parts caps the grid so that all
 its programs are resident at once, which is what keeps the wait from
 deadlocking. The last program of a row to finish clears its histogram and
 counter for the next launch. Triton's interpreter (CPU CI) runs programs one
-after the other, so there the phases are two launches.
+after the other, so there the phases are launches of their own.
 
 Latency. At bs=1 the launch is a chain of dependent round trips to memory,
 not bandwidth. A program's span of items follows from its row's length, so
@@ -338,9 +339,9 @@ def selection_tile(items: int, parts: int, group: int) -> int:
 def selection_tiles(items: int, parts: int, group: int) -> tuple:
     """(tile, small tile): selection_tile of rows items wide, and the one rows of a quarter of that or
     less use (under CUDA graphs a launch sized for the longest context also selects short rows). At 8+
-    query heads per KV head, none: the kernel without that path was faster at GLM-4-9B-1M (H200,
-    results/select_latency_ab_split_s19.json: 128K 9.7-9.8 us with the split merge, 10.1-10.2 with a
-    small tile)."""
+    query heads per KV head, none: with the split merge, GLM-4-9B-1M bs=1 128K 9.69 vs 10.06 us, 256K
+    9.78 vs 9.99, 1M 13.22 vs 13.28, but bs=8 256K 14.46 vs 13.81 (H200, results/select_latency_ab_split_s19.json,
+    minima of 3 alternations)."""
     tile = selection_tile(items, parts, group)
     return tile, tile if group >= 8 else max(16, tile // 4)
 
