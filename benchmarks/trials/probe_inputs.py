@@ -1,11 +1,22 @@
 """Inputs the H200 probes in this folder share (run from the repository root)."""
 
+import importlib.util
 import sys
 
 import torch
 
 sys.path.insert(0, "benchmarks")
 from attention_decode import SHAPES, random_summaries  # noqa: E402
+
+
+def load_kernel_version(name: str, path: str):
+    """A version of a kernels/ module from a file, imported as sglang_locks.kernels.NAME (its relative imports
+    resolve against this tree's package)."""
+    spec = importlib.util.spec_from_file_location(f"sglang_locks.kernels.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def score_inputs(shape: str, bsz: int, context: int, sets: int):

@@ -9,25 +9,17 @@ resolve against this tree's sglang_locks.kernels); a case runs the versions that
 (score_pages_gluon_heads at 16 query heads per KV head, score_pages_gluon otherwise) beside this tree's ("head").
 The first version named is the reference of the score differences reported.
 (score_mu_swizzle_ab_s15.json and score_copy_ab_245011d.json came from this script's version at 245011d.)"""
-import importlib.util, json, os, sys
+import json, os, sys
 import torch
 sys.path.insert(0, "benchmarks")
 from attention_decode import SHAPES, copy_bandwidth_gbs, graph_ms
 sys.path.insert(0, "benchmarks/trials")
-from probe_inputs import score_inputs
+from probe_inputs import load_kernel_version, score_inputs
 from sglang_locks.kernels import score_pages_gluon, score_pages_gluon_heads
 
 
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(f"sglang_locks.kernels._score_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 out_path = sys.argv[1]
-versions = [(name, load(name, path)) for name, path in (a.split("=", 1) for a in sys.argv[2:])]
+versions = [(name, load_kernel_version(f"_score_{name}", path)) for name, path in (a.split("=", 1) for a in sys.argv[2:])]
 versions += [("head", score_pages_gluon), ("head", score_pages_gluon_heads)]
 rows = []
 copy = copy_bandwidth_gbs()

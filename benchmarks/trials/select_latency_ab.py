@@ -6,7 +6,7 @@
 
 One layer's launch, 20 per CUDA graph, median of 30 replays, three alternations per case; scores from the
 shipped score kernel on random summaries (benchmarks/attention_decode.random_summaries)."""
-import importlib.util, json, os, sys
+import json, os, sys
 import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from attention_decode import SHAPES, launch_us, random_summaries
@@ -14,14 +14,8 @@ from sglang_locks.config import LocksConfig
 from sglang_locks.scoring import score_pages_full
 from sglang_locks.selection import selected_pages
 import sglang_locks.kernels.selected_indices as head
-
-
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(f"sglang_locks.kernels.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
+from probe_inputs import load_kernel_version
 
 
 class OnePhase:
@@ -36,10 +30,10 @@ class OnePhase:
 
 kernel = head._select_kernel
 out_path, base_dir = sys.argv[1], sys.argv[2]
-load("_agg_base", os.path.join(base_dir, "aggregate_scores.py"))
-base = load("_sel_base", os.path.join(base_dir, "selected_indices.py"))
+load_kernel_version("_agg_base", os.path.join(base_dir, "aggregate_scores.py"))
+base = load_kernel_version("_sel_base", os.path.join(base_dir, "selected_indices.py"))
 # further versions to time beside them: directories with a selected_indices.py (importing this tree's modules)
-versions = [("base", base), ("head", head)] + [(os.path.basename(d.rstrip("/")), load(f"_sel_{i}", os.path.join(d, "selected_indices.py")))
+versions = [("base", base), ("head", head)] + [(os.path.basename(d.rstrip("/")), load_kernel_version(f"_sel_{i}", os.path.join(d, "selected_indices.py")))
                                                 for i, d in enumerate(sys.argv[3:])]
 cfg = LocksConfig()
 rows = []
