@@ -25,7 +25,11 @@ Each (model, mode, batch) runs in its own process; rows with a failure carry
 ``speedup`` (median decode step), ``fullkv_mean_ms``, ``locks_mean_ms``,
 ``speedup_mean`` (synthetic: the mean step, which counts the steps that
 summarise decode-sealed pages; bench_serving: the mean inter-token latency;
-bench_one_batch reports none), ``tool``.
+bench_one_batch reports none), ``tool``. A case given more than once (``--case A --case B --case A
+--case B``: processes alternate, so machine drift spreads over both) also gets a ``summary`` row per
+(tool, shape, batch, context, LOCKS flags): ``samples``, the medians ``fullkv_ms`` and ``locks_ms``
+over its samples, ``speedup`` (of the medians) and the per-sample ``speedup_min`` / ``speedup_max``:
+FullKV's step moves by 2-5 % from process to process on the H200.
 """
 
 from __future__ import annotations
@@ -216,6 +220,26 @@ def merge_rows(tool: str, shape: str, batch: int, contexts: list, budget: int, f
             row["error"] = "; ".join(f"{m}: {e}" for m, e in errors.items()) or "no result"
         rows.append(row)
     return rows
+
+
+def summarize(rows: list) -> list:
+    """One row per (tool, shape, batch, context, locks_args) measured more than once without error: medians
+    over its samples, the speed-up of the medians and the range of the samples' speed-ups."""
+    groups = {}
+    for r in rows:
+        if "error" not in r:
+            key = (r["tool"], r["shape"], r["batch"], r["context"], r.get("locks_args", ""))
+            groups.setdefault(key, []).append(r)
+    out = []
+    for (tool, shape, batch, context, locks_args), rs in groups.items():
+        if len(rs) < 2:
+            continue
+        f = statistics.median(r["fullkv_ms"] for r in rs)
+        l = statistics.median(r["locks_ms"] for r in rs)
+        out.append(dict(tool=tool, shape=shape, batch=batch, context=context, budget=rs[0]["budget"],
+                        locks_args=locks_args, samples=len(rs), fullkv_ms=f, locks_ms=l, speedup=round(f / l, 3),
+                        speedup_min=min(r["speedup"] for r in rs), speedup_max=max(r["speedup"] for r in rs)))
+    return out
 
 
 def selected_cases(only, cases) -> list:
@@ -432,11 +456,16 @@ def main(argv=None) -> int:
     head = header(argv)
 
     def save(rows):
+        summary = summarize(rows)
         with open(args.out, "w") as f:
-            json.dump(dict(head, rows=rows), f, indent=1)
+            json.dump(dict(head, rows=rows, **({"summary": summary} if summary else {})), f, indent=1)
 
     result = dict(head, rows=run_plan(args, save))
     save(result["rows"])
+    for r in summarize(result["rows"]):
+        print(f"e2e_decode: {r['tool']} {r['shape']} bs={r['batch']} {r['context']}: {r['samples']} samples, median "
+              f"{r['fullkv_ms']:.3f} / {r['locks_ms']:.3f} ms = {r['speedup']:.3f}x "
+              f"({r['speedup_min']:.3f}-{r['speedup_max']:.3f}x)")
     print(f"e2e_decode: wrote {args.out}")
     return 0 if args.dry_run or all("error" not in r for r in result["rows"]) else 1
 
