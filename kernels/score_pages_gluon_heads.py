@@ -2,13 +2,13 @@
 
 At G = 16 (GLM-4-9B-1M) score_pages_gluon spends most of its 147 instructions per (page, KV head) after the
 basis mma (CPU SASS count): scaling the product, converting it to the per-key mma's B operand, the
-exponentials, and summing each page's 16 keys across lanes (shuffles). Here the query planes are the rows
-of the basis mma (32 rows: per 16-row tile, plane 0 of 8 heads then plane 1 of the same heads, so that a
-thread holds both planes of a head and adds them in registers), the pair's 16 basis rows its columns. The
-folded product [16 heads, 16 (page, rank)] is already the per-key mma's A operand (a C fragment reused
-as A, as flash attention reuses P), the coefficients its block-diagonal B [16 (page, rank), 32 (page, key)],
-and each page's keys lie along a quad of lanes and in registers (2 shuffle rounds). The centroid term
-reuses the query planes as A against the step's centroids as B.
+exponentials, and summing each page's 16 keys across lanes (shuffles). Here the query heads are the rows
+of the basis mma (16 rows: one int8 plane of q, see the kernel), the pair's 16 basis rows its columns. The
+product [16 heads, 16 (page, rank)] is already the per-key mma's A operand (a C fragment reused as A, as
+flash attention reuses P), the coefficients its block-diagonal B [16 (page, rank), 32 (page, key)], and
+each page's keys lie along a quad of lanes and in registers (2 shuffle rounds). The centroid term takes
+both int8 planes of q as A (32 rows: per 16-row tile, plane 0 of 8 heads then plane 1 of the same heads,
+so that a thread holds both planes of a head and adds them in registers) against the step's centroids as B.
 
 H200, one layer, against score_pages_gluon in the same run (results/score_heads_ab_s16.json): GLM-4-9B-1M
 bs=1 1M 43.7 vs 49.9 us, 256K 15.1 vs 19.5, 128K 9.7 vs 14.0; bs=8 256K 80.4 vs 90.1. The basis term against
