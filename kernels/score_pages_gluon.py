@@ -228,6 +228,19 @@ def _store_scores(scores_ptr, out_row, max_pages, p, valid, s2, run_m, run_s):
 
 
 @gluon.jit
+def _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, row0, G: gl.constexpr,
+                    GH: gl.constexpr, AXIS: gl.constexpr):
+    """The program's chunk partials: per query head (max, sum) of its running per-position ones, reduced along
+    the positions' page axis AXIS; heads row0 + [0, G) of the GH (padded) along the other."""
+    hm = gl.max(run_m, AXIS)
+    hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, AXIS)), 0.0), AXIS)
+    gg = gl.arange(0, GH, layout=hm.type.layout)
+    part = (row0 + gg).to(gl.int64) * part_stride + part_first + gl.program_id(1)  # the chunk
+    gl.store(part_max_ptr + part, hm * _LN2, mask=gg < G)
+    gl.store(part_sum_ptr + part, hs, mask=gg < G)
+
+
+@gluon.jit
 def _score_pages_gluon_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
@@ -339,13 +352,7 @@ def _score_pages_gluon_kernel(
         p = p0 + pos_page
         run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, (p < end) & (pos_head < G), s2, run_m, run_s)
     async_copy.wait_group(0)
-
-    hm = gl.max(run_m, 0)
-    hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, 0)), 0.0), 0)
-    gg = gl.arange(0, GH, layout=hm.type.layout)
-    part = (b * HKV * G + h * G + gg).to(gl.int64) * part_stride + part_first + gl.program_id(1)  # the chunk
-    gl.store(part_max_ptr + part, hm * _LN2, mask=gg < G)
-    gl.store(part_sum_ptr + part, hs, mask=gg < G)
+    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, GH, 0)
 
 
 def gluon_applies(q: torch.Tensor, summaries) -> bool:
@@ -374,19 +381,29 @@ def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
                          "2**31 bytes), head_dim 128 and a power-of-two group of at most 16 query heads per KV head")
     if pairs not in (1, 2, 4, 8, 16) or num_warps not in (1, 2, 4):
         raise ValueError(f"pairs must be 1, 2, 4, 8 or 16 and num_warps 1, 2 or 4, got {pairs}, {num_warps}")
+    group = q.shape[1] // summaries.num_kv_heads
+    return launch_score_kernel(_score_pages_gluon_kernel, q, summaries, req_to_token, req_pool_indices, seq_lens,
+                               max_pages, sm_scale, chunk_pages, out, 2 * pairs * num_warps,
+                               G=group, NC=max(8, 2 * group), PAIRS=pairs * num_warps, STAGES=stages,
+                               num_warps=num_warps)
+
+
+def launch_score_kernel(kernel, q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
+                        chunk_pages, out, block_pages, **consts):
+    """Launch a Gluon score kernel over (request x KV head, chunk) programs of block_pages-page steps: its outputs
+    (scores, part_max, part_sum) allocated or the caller's (out), consts its own compile-time arguments."""
     bsz, hq, d = q.shape
     hkv = summaries.num_kv_heads
-    group = hq // hkv
-    chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, 2 * pairs * num_warps, chunk_pages)
+    chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, block_pages, chunk_pages)
     scores, part_max, part_sum, first = score_outputs(bsz, hq, max_pages, n_chunks, q.device, out)
     if q.stride(2) != 1:
         q = q.contiguous()
-    _score_pages_gluon_kernel[(bsz * hkv, n_chunks)](
+    kernel[(bsz * hkv, n_chunks)](
         q, q.stride(0), q.stride(1),
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, G=group, D=d, PAGE=16, NC=max(8, 2 * group), PAIRS=pairs * num_warps, STAGES=stages, num_warps=num_warps,
+        HKV=hkv, D=d, PAGE=16, **consts,
     )
     return scores, part_max, part_sum

@@ -23,9 +23,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .score_pages import LOG2E, score_chunks, score_outputs
-from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _LN2, _idx2, _idx3, _int8_to_f16, _lg2, _next_step,
-                                _prologue, _row_span, _stage_buffers, _store_scores, _unpack_int4_x16, gluon_applies)
+from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _prologue,
+                                _row_span, _stage_buffers, _store_partials, _store_scores, _unpack_int4_x16,
+                                gluon_applies, launch_score_kernel)
 
 
 @gluon.jit
@@ -158,13 +158,7 @@ def _score_pages_heads_kernel(
         p = p0 + pos_page
         run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, p < end, s2, run_m, run_s)
     async_copy.wait_group(0)
-
-    hm = gl.max(run_m, 1)
-    hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, 1)), 0.0), 1)
-    gg = gl.arange(0, G, layout=hm.type.layout)
-    part = (b * HKV * G + h * G + gg).to(gl.int64) * part_stride + part_first + gl.program_id(1)  # the chunk
-    gl.store(part_max_ptr + part, hm * _LN2)
-    gl.store(part_sum_ptr + part, hs)
+    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, G, 1)
 
 
 def score_pages_gluon_heads(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
@@ -172,18 +166,6 @@ def score_pages_gluon_heads(q, summaries, req_to_token, req_pool_indices, seq_le
     """score_pages_gluon's launch (same arguments, outputs and chunking) for 16 query heads per KV head."""
     if not gluon_applies(q, summaries) or q.shape[1] != 16 * summaries.num_kv_heads:
         raise ValueError("score_pages_gluon_heads needs score_pages_gluon's conditions and 16 query heads per KV head")
-    bsz, hq, d = q.shape
-    hkv = summaries.num_kv_heads
-    chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, 2 * pairs, chunk_pages)
-    scores, part_max, part_sum, first = score_outputs(bsz, hq, max_pages, n_chunks, q.device, out)
-    if q.stride(2) != 1:
-        q = q.contiguous()
-    _score_pages_heads_kernel[(bsz * hkv, n_chunks)](
-        q, q.stride(0), q.stride(1),
-        summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
-        req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
-        scores, part_max, part_sum, part_max.shape[-1], first,
-        max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, D=d, PAGE=16, PAIRS=pairs, STAGES=stages, num_warps=1,
-    )
-    return scores, part_max, part_sum
+    return launch_score_kernel(_score_pages_heads_kernel, q, summaries, req_to_token, req_pool_indices, seq_lens,
+                               max_pages, sm_scale, chunk_pages, out, 2 * pairs, PAIRS=pairs, STAGES=stages,
+                               num_warps=1)

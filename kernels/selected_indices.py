@@ -382,7 +382,9 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
     keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
     suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
     split = split_merge(n_chunks, parts, group)
-    slices = torch.empty(2, rows, group, parts if split else 1, dtype=torch.float32, device=scores.device)
+    # the slices' (max, sum) scratch [rows, G, parts], only where the partials are merged in slices
+    slices = (torch.empty(2, rows, group, parts, dtype=torch.float32, device=scores.device) if split
+              else (part_max, part_sum))  # not read
     args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
             req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices, last_page_len,
             cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix, slices[0], slices[1],
