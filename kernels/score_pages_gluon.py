@@ -44,7 +44,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from ._triton import interpreted
+from ._triton import dependent_launch, interpreted
 from .score_pages import INT4_TO_INT8X16_PTX, INT8_TO_F16_PTX, LOG2E, score_chunks, score_outputs
 
 # One warp per program, 4 page pairs per step, two shared-memory stages: the fastest of the H200 probe
@@ -71,6 +71,25 @@ def _int8_to_f16(x):
 def _lg2(x):
     return gl.inline_asm_elementwise(asm="lg2.approx.ftz.f32 $0, $1;", constraints="=r,r", args=[x],
                                      dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _pdl_start(PDL: gl.constexpr):
+    """Programmatic dependent launch (_triton.dependent_launch): wait for the kernel before this one to finish
+    (its outputs visible); with PDL 1 let the kernel after this one launch now."""
+    if PDL > 0:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    if PDL == 1:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pdl_end(PDL: gl.constexpr):
+    """With PDL 2 the kernel after this one launches once every program is past its main loop."""
+    if PDL == 2:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -248,8 +267,9 @@ def _score_pages_gluon_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
     max_pages, n_chunks, scale_log2,
     HKV: gl.constexpr, G: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, NC: gl.constexpr,
-    PAIRS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    PAIRS: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
 ):
+    _pdl_start(PDL)
     R: gl.constexpr = 8
     HALF: gl.constexpr = D // 2
     GH: gl.constexpr = NC // 2          # query heads, padded
@@ -351,6 +371,7 @@ def _score_pages_gluon_kernel(
 
         p = p0 + pos_page
         run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, (p < end) & (pos_head < G), s2, run_m, run_s)
+    _pdl_end(PDL)
     async_copy.wait_group(0)
     _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, GH, 0)
 
@@ -404,6 +425,6 @@ def launch_score_kernel(kernel, q, summaries, req_to_token, req_pool_indices, se
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, D=d, PAGE=16, **consts,
+        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device), **consts,
     )
     return scores, part_max, part_sum

@@ -23,9 +23,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _prologue,
-                                _row_span, _stage_buffers, _store_partials, _store_scores, _unpack_int4_x16,
-                                gluon_applies, launch_score_kernel)
+from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _pdl_end,
+                                _pdl_start, _prologue, _row_span, _stage_buffers, _store_partials, _store_scores,
+                                _unpack_int4_x16, gluon_applies, launch_score_kernel)
 
 
 @gluon.jit
@@ -44,8 +44,9 @@ def _score_pages_heads_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
     max_pages, n_chunks, scale_log2,
     HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
+    PDL: gl.constexpr, num_warps: gl.constexpr,
 ):
+    _pdl_start(PDL)
     G: gl.constexpr = 16               # query heads per KV head
     MQ: gl.constexpr = 2 * G           # query plane rows
     R: gl.constexpr = 8
@@ -157,6 +158,7 @@ def _score_pages_heads_kernel(
 
         p = p0 + pos_page
         run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, p < end, s2, run_m, run_s)
+    _pdl_end(PDL)
     async_copy.wait_group(0)
     _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, G, 1)
 

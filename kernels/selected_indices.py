@@ -69,7 +69,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import interpreted, num_sms
+from ._triton import dependent_launch, interpreted, num_sms, pdl_end, pdl_start
 from .aggregate_scores import (AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, merge_partials, page_key,
                                partials_block, row_lse)
 
@@ -192,8 +192,9 @@ def _select_kernel(
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SLICE: tl.constexpr,
     SPLIT: tl.constexpr, PAGE: tl.constexpr,
     BLOCK: tl.constexpr, SMALL: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr,
-    LOG_G: tl.constexpr, PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr,
+    LOG_G: tl.constexpr, PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     b = row // HKV
@@ -232,6 +233,7 @@ def _select_kernel(
     part_suffix = suffix_ptr + (row * parts + part).to(tl.int64) * HIST_BINS
 
     if n_sealed <= budget_pages:  # every sealed page, in order (the same for all of the row's programs)
+        pdl_end(PDL)
         if (PHASE == 0) | (PHASE == 3):
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
@@ -273,6 +275,7 @@ def _select_kernel(
             tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
             tl.store(part_suffix + bins, tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts)
         _arrive_and_wait(arrived_ptr + row, (1 + SPLIT) * parts, SYNC)
+        pdl_end(PDL)
 
         if (PHASE == 0) | (PHASE == 3):
             hist = tl.load(hist_ptr + row * HIST_BINS + bins, cache_modifier=".cg")
@@ -398,10 +401,10 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
                   LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=4)
     if interpreted():  # programs run one after the other: one launch per phase
         for phase in (1, 2, 3) if split else (2, 3):
-            _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, **consts)
+            _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, PDL=0, **consts)
         state.hist.zero_()
     else:
-        _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **consts)
+        _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **dependent_launch(scores.device), **consts)
 
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,

@@ -162,6 +162,38 @@ def test_cuda_graph_replay_follows_new_inputs(kernel):
         assert _rel(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("hkv, group", [(8, 4), (2, 16)])
+def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeypatch):
+    """Layers whose query is the output of the layer before, in one CUDA graph with programmatic dependent
+    launch (kernels/_triton.dependent_launch): every kernel must wait for the one before it (the scores for
+    the last layer's merge, the selection for the scores, the sparse decode for the selection), so the graph
+    gives what launches without it give, bit for bit."""
+    c = random_cache([16 * 300 + 7, 16 * 45 + 3], hkv, 128, device="cuda", seed=5)
+    dec = LocksDecode(LocksConfig(token_budget=512), _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
+    dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
+    tables = (c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
+    qs = [torch.randn(2, hkv * group, 128, device="cuda", dtype=torch.bfloat16) for _ in range(7)]
+
+    def chain():
+        for layer in range(len(qs) - 1):
+            dec.select(qs[layer], c["summaries"], *tables)
+            dec.sparse.run(qs[layer], c["k_cache"], c["v_cache"], out=qs[layer + 1])
+
+    monkeypatch.setenv("SGLANG_LOCKS_PDL", "1")
+    chain()  # compiles
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for _ in range(3):
+        qs[0].copy_(torch.randn_like(qs[0]))
+        graph.replay()
+        replayed = torch.stack(qs[1:])
+        monkeypatch.setenv("SGLANG_LOCKS_PDL", "0")
+        chain()
+        monkeypatch.setenv("SGLANG_LOCKS_PDL", "1")
+        assert torch.equal(replayed, torch.stack(qs[1:]))
+
+
 @pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)
 def test_cuda_graph_steps_replan_only_when_pages_change(kernel, monkeypatch):
     """Decode steps of growing requests under one captured graph: the sparse decode plans again only

@@ -55,14 +55,16 @@ names = fn.arg_names
 configs = [(*c, 0) for c in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4), (1, 2))]
 for stage, small, tiles, split in configs + [(0, m.PAGE_BLOCK // 4, 1, 1), (1, m.PAGE_BLOCK, 2, 1)]:
     consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=split, PAGE=16, BLOCK=m.PAGE_BLOCK,
-                  SMALL=small, TILES=tiles, PARTS_P2=8, MODE=0, LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage)
+                  SMALL=small, TILES=tiles, PARTS_P2=8, MODE=0, LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage,
+                  PDL=1)
     floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr", "slice_max_ptr", "slice_sum_ptr")
     index = {{"seq_lens_ptr": {index!r}, "req_pool_ptr": {index!r}}}
     sig = {{n: "constexpr" if n in consts else "*fp32" if n in floats else index.get(n, "*i32") if n.endswith("_ptr")
            else "i32" for n in names}}
     src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
-    print("atom.global.gpu.acq_rel.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx)
+    print("atom.global.gpu.acq_rel.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx,
+          "griddepcontrol.wait" in ptx)
 """
 
 
@@ -76,7 +78,8 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [line.split() for line in out.stdout.splitlines()]
     assert len(builds) == 14
-    for release, acquire, l2_loads in builds:
+    for release, acquire, l2_loads, waits in builds:
+        assert waits == "True"  # programmatic dependent launch: nothing read before the scores are complete
         assert release == "True"  # arrival publishes the program's stores at GPU scope (and acquires the others')
         assert acquire == "True"  # the wait reads the counter with acquire semantics
         assert l2_loads == "True"  # other programs' histograms are read from L2, not a stale L1
@@ -90,7 +93,7 @@ from sglang_locks.kernels import score_pages_gluon as m, score_pages_gluon_heads
 group, index, heads_on_rows = {group}, {index!r}, {heads_on_rows}
 fn = heads._score_pages_heads_kernel if heads_on_rows else m._score_pages_gluon_kernel
 names = fn.arg_names
-consts = dict(HKV=8 if group <= 4 else 2, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, num_warps=1)
+consts = dict(HKV=8 if group <= 4 else 2, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, PDL=1, num_warps=1)
 if not heads_on_rows:
     consts.update(G=group, NC=max(8, 2 * group))
 ptrs = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8", coef_scale_ptr="*fp32",
@@ -101,7 +104,8 @@ src = GluonASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for
                      attrs={{(names.index(n),): [["tt.divisibility", 16]] for n in ptrs}})
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
 ptx = k.asm["ptx"]
-print("cp.async.cg.shared.global" in ptx, "m16n8k32" in ptx and ".s32.s8.s8.s32" in ptx, len(k.asm["cubin"]) > 0)
+print("cp.async.cg.shared.global" in ptx, "m16n8k32" in ptx and ".s32.s8.s8.s32" in ptx, len(k.asm["cubin"]) > 0,
+      ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), "griddepcontrol.launch_dependents" in ptx)
 """
 
 
@@ -115,7 +119,9 @@ def test_gluon_score_kernel_builds_for_sm90(group, heads_on_rows, index):
     code = GLUON_BUILD.format(group=group, index=index, heads_on_rows=heads_on_rows)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True", "True", "True"]  # 16-byte cp.async staging, int8 mma, a cubin
+    # 16-byte cp.async staging, int8 mma, a cubin; programmatic dependent launch: it waits before any load and
+    # lets the selection launch
+    assert out.stdout.split() == ["True"] * 5
 
 
 ATTEND_BUILD = """
@@ -126,8 +132,8 @@ from sglang_locks.kernels import sparse_attend as m
 d = {head_dim}
 dp = max(16, triton.next_power_of_2(d))
 for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), D=d, DP=dp, PAGES=8, SPLITS=32,
-                                         DOT_F32=False)),
-                   (m._merge_parts, dict(G={group}, D=d, DP=dp, SPLITS=32))):
+                                         DOT_F32=False, PDL=1)),
+                   (m._merge_parts, dict(G={group}, D=d, DP=dp, SPLITS=32, PDL=1))):
     names = fn.arg_names
     sig = {{n: "constexpr" if n in consts else "fp32" if n == "qk_scale" else "*bf16" if n in ("q_ptr", "k_ptr", "v_ptr",
            "out_ptr") else "*fp32" if n.startswith("part") else "*i32" for n in names}}
@@ -135,7 +141,8 @@ for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), 
                     attrs={{(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n].startswith("*")}})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
     attend = fn is m._attend_part
-    print("mma.sync" in ptx or not attend, "cp.async.cg.shared.global" in ptx or not attend)
+    print("mma.sync" in ptx or not attend, "cp.async.cg.shared.global" in ptx or not attend,
+          ptx.index("griddepcontrol.wait") < ptx.index("ld.global"))
 """
 
 
@@ -147,4 +154,4 @@ def test_sparse_attend_kernels_build_for_sm90(group, head_dim):
     out = subprocess.run([sys.executable, "-c", ATTEND_BUILD.format(group=group, head_dim=head_dim)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True"] * 4
+    assert out.stdout.split() == ["True"] * 6
