@@ -8,8 +8,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# Programmatic dependent launch of the decode chain (score -> select -> attend -> merge): 0 off, 1 on.
+# Programmatic dependent launch of the decode chain (score -> select -> attend -> merge): SGLANG_LOCKS_PDL=0 off,
+# 1 (default) for the kernels in DEPENDENT_KERNELS, or a comma-separated list of them.
 PDL_ENV = "SGLANG_LOCKS_PDL"
+CHAIN_KERNELS = ("score", "select", "attend", "merge")
+DEPENDENT_KERNELS = ("select", "attend", "merge")
 
 
 def interpreted() -> bool:
@@ -33,32 +36,25 @@ def _sm90_or_later(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def dependent_launch(device: torch.device) -> dict:
-    """Launch options of a kernel in the decode chain: with programmatic dependent launch (Hopper+) a kernel
-    is scheduled while the one before it finishes, and waits (griddepcontrol.wait, compile-time PDL > 0)
-    before it reads or writes anything, so only the launch latency overlaps. SGLANG_LOCKS_PDL=0 turns it off."""
-    mode = int(os.environ.get(PDL_ENV, "1"))
-    if mode not in (0, 1, 2):
-        raise ValueError(f"{PDL_ENV} must be 0 or 1, got {mode}")
-    if mode == 0 or interpreted() or device.type != "cuda":
+def dependent_launch(device: torch.device, kernel: str) -> dict:
+    """Launch options of a kernel of the decode chain: with programmatic dependent launch (Hopper+) a kernel is
+    scheduled while the one before it runs, and waits (griddepcontrol.wait, compile-time PDL) before it reads
+    or writes anything, so that only the launch latency overlaps."""
+    value = os.environ.get(PDL_ENV, "1")
+    kernels = {"0": (), "1": DEPENDENT_KERNELS}.get(value) or tuple(value.split(","))
+    if set(kernels) - set(CHAIN_KERNELS):
+        raise ValueError(f"{PDL_ENV} must be 0, 1 or a comma-separated list of {CHAIN_KERNELS}, got {value!r}")
+    if kernel not in kernels or interpreted() or device.type != "cuda":
         return {"PDL": 0}
     if not _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device()):
         return {"PDL": 0}
-    return {"PDL": mode, "launch_pdl": True}
+    return {"PDL": 1, "launch_pdl": True}
 
 
 @triton.jit
 def pdl_start(PDL: tl.constexpr):
     """First thing in a kernel of the decode chain (dependent_launch): wait for the kernel before it to finish
-    (its outputs visible); with PDL 1 let the kernel after it launch now."""
-    if PDL > 0:
+    (its outputs visible), then let the kernel after it launch."""
+    if PDL:
         gdc_wait()
-    if PDL == 1:
-        gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_end(PDL: tl.constexpr):
-    """With PDL 2 the kernel after this one launches once every program has passed this point."""
-    if PDL == 2:
         gdc_launch_dependents()

@@ -75,19 +75,9 @@ def _lg2(x):
 
 @gluon.jit
 def _pdl_start(PDL: gl.constexpr):
-    """Programmatic dependent launch (_triton.dependent_launch): wait for the kernel before this one to finish
-    (its outputs visible); with PDL 1 let the kernel after this one launch now."""
-    if PDL > 0:
+    """_triton.pdl_start in Gluon."""
+    if PDL:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    if PDL == 1:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-
-@gluon.jit
-def _pdl_end(PDL: gl.constexpr):
-    """With PDL 2 the kernel after this one launches once every program is past its main loop."""
-    if PDL == 2:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
 
@@ -371,7 +361,6 @@ def _score_pages_gluon_kernel(
 
         p = p0 + pos_page
         run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, (p < end) & (pos_head < G), s2, run_m, run_s)
-    _pdl_end(PDL)
     async_copy.wait_group(0)
     _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, GH, 0)
 
@@ -425,6 +414,6 @@ def launch_score_kernel(kernel, q, summaries, req_to_token, req_pool_indices, se
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device), **consts,
+        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, "score"), **consts,
     )
     return scores, part_max, part_sum

@@ -23,8 +23,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _pdl_end,
-                                _pdl_start, _prologue, _row_span, _stage_buffers, _store_partials, _store_scores,
+from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _pdl_start,
+                                _prologue, _row_span, _stage_buffers, _store_partials, _store_scores,
                                 _unpack_int4_x16, gluon_applies, launch_score_kernel)
 
 
@@ -158,7 +158,6 @@ def _score_pages_heads_kernel(
 
         p = p0 + pos_page
         run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, p < end, s2, run_m, run_s)
-    _pdl_end(PDL)
     async_copy.wait_group(0)
     _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, G, 1)
 

@@ -69,7 +69,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import dependent_launch, interpreted, num_sms, pdl_end, pdl_start
+from ._triton import dependent_launch, interpreted, num_sms, pdl_start
 from .aggregate_scores import (AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, merge_partials, page_key,
                                partials_block, row_lse)
 
@@ -233,7 +233,6 @@ def _select_kernel(
     part_suffix = suffix_ptr + (row * parts + part).to(tl.int64) * HIST_BINS
 
     if n_sealed <= budget_pages:  # every sealed page, in order (the same for all of the row's programs)
-        pdl_end(PDL)
         if (PHASE == 0) | (PHASE == 3):
             for p0 in range(start, end, BLOCK):
                 p = p0 + jb
@@ -275,7 +274,6 @@ def _select_kernel(
             tl.atomic_add(hist_ptr + row * HIST_BINS + bins, counts, mask=counts > 0, sem="relaxed")
             tl.store(part_suffix + bins, tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts)
         _arrive_and_wait(arrived_ptr + row, (1 + SPLIT) * parts, SYNC)
-        pdl_end(PDL)
 
         if (PHASE == 0) | (PHASE == 3):
             hist = tl.load(hist_ptr + row * HIST_BINS + bins, cache_modifier=".cg")
@@ -404,7 +402,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
             _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, PDL=0, **consts)
         state.hist.zero_()
     else:
-        _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **dependent_launch(scores.device), **consts)
+        _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **dependent_launch(scores.device, "select"), **consts)
 
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,

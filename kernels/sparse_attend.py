@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import dependent_launch, interpreted, pdl_end, pdl_start
+from ._triton import dependent_launch, interpreted, pdl_start
 from .score_pages import LOG2E
 
 PAGE = tl.constexpr(16)  # tokens per page (config.PAGE_SIZE; kernels do not import the package's config)
@@ -78,7 +78,6 @@ def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, p
         l = l * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    pdl_end(PDL)
 
     o = acc / tl.maximum(l, 1.0e-30)[:, None]
     if SPLITS == 1:
@@ -94,7 +93,6 @@ def _merge_parts(part_o, part_lse, out_ptr, G: tl.constexpr, D: tl.constexpr, DP
                  PDL: tl.constexpr):
     """Program (row, query head): its parts' outputs weighted by their softmax mass."""
     pdl_start(PDL)
-    pdl_end(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
     parts = tl.arange(0, SPLITS)
@@ -158,12 +156,13 @@ def sparse_attend_triton(q, k_cache, v_cache, indptr, indices, last_page_len, ro
     q = q.contiguous()
     if out is None:
         out = torch.empty_like(q)
-    pdl = dependent_launch(q.device)
     _attend_part[(rows, splits)](q, k_cache, v_cache, indptr, indices, last_page_len, out, part_o, part_lse,
                                  sm_scale * LOG2E, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
-                                 DP=dp, PAGES=pages_per_iter, SPLITS=splits, DOT_F32=interpreted(), num_warps=4, **pdl)
+                                 DP=dp, PAGES=pages_per_iter, SPLITS=splits, DOT_F32=interpreted(), num_warps=4,
+                                 **dependent_launch(q.device, "attend"))
     if splits > 1:
-        _merge_parts[(rows, g)](part_o, part_lse, out, G=g, D=d, DP=dp, SPLITS=splits, num_warps=4, **pdl)
+        _merge_parts[(rows, g)](part_o, part_lse, out, G=g, D=d, DP=dp, SPLITS=splits, num_warps=4,
+                                **dependent_launch(q.device, "merge"))
     return out
 
 

@@ -1,10 +1,10 @@
 """H200: the LOCKS attention step (score, select, sparse decode of every layer, one CUDA graph) with programmatic
 dependent launch off (SGLANG_LOCKS_PDL=0) and on, alternated in one process on the same inputs.
 
-    python benchmarks/trials/pdl_ab.py OUT.json [MODES]
+    python benchmarks/trials/pdl_ab.py OUT.json [VALUE ...]
 
-MODES: the SGLANG_LOCKS_PDL values to alternate (default "012": off, each kernel letting the next launch as soon
-as it starts, or once its main loop is done), three rounds each; the outputs of every mode must equal mode 0's."""
+VALUE: the SGLANG_LOCKS_PDL settings to alternate (default: 0 1, off and the default kernels; a comma-separated
+list names the kernels launched so), three rounds each; the outputs of every setting must equal the first's."""
 import json, os, sys
 import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -13,7 +13,7 @@ from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
 
 out_path = sys.argv[1]
-modes = sys.argv[2] if len(sys.argv) > 2 else "012"
+modes = sys.argv[2:] or ["0", "1"]
 CASES = (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("llama3.1-8b", 4, 131072),
          ("llama3.1-8b", 8, 131072), ("glm4-9b-1m", 1, 131072), ("glm4-9b-1m", 1, 1048576))
 rows = []
@@ -50,11 +50,11 @@ for shape, bsz, context in CASES:
             assert torch.equal(out, ref), (shape, bsz, context, m)
     row = {"shape": shape, "batch": bsz, "context": context, "ms": times,
            "median_ms": {m: sorted(t)[1] for m, t in times.items()}, "outputs_equal": True}
-    row["saving_us_per_layer"] = {m: (row["median_ms"]["0"] - row["median_ms"][m]) * 1e3 / layers for m in modes}
+    row["saving_us_per_layer"] = {m: (row["median_ms"][modes[0]] - row["median_ms"][m]) * 1e3 / layers for m in modes}
     print(json.dumps(row), flush=True)
     rows.append(row)
     del ks, vs, sums, dec, workspace, out
     torch.cuda.empty_cache()
     json.dump({"gpu": torch.cuda.get_device_name(), "git": os.environ.get("GIT_REV", ""),
-               "date": os.environ.get("DATE", ""), "command": "python benchmarks/trials/pdl_ab.py OUT.json " + modes,
+               "date": os.environ.get("DATE", ""), "command": "python benchmarks/trials/pdl_ab.py OUT.json " + " ".join(modes),
                "rows": rows}, open(out_path, "w"), indent=1)
