@@ -41,7 +41,7 @@ def dependent_launch(device: torch.device, kernel: str) -> dict:
     scheduled while the one before it runs, and waits (griddepcontrol.wait, compile-time PDL) before it reads
     or writes anything, so that only the launch latency overlaps."""
     value = os.environ.get(PDL_ENV, "1")
-    kernels = {"0": (), "1": DEPENDENT_KERNELS}.get(value) or tuple(value.split(","))
+    kernels = {"0": (), "1": DEPENDENT_KERNELS}.get(value, tuple(value.split(",")))
     if set(kernels) - set(CHAIN_KERNELS):
         raise ValueError(f"{PDL_ENV} must be 0, 1 or a comma-separated list of {CHAIN_KERNELS}, got {value!r}")
     if kernel not in kernels or interpreted() or device.type != "cuda":
