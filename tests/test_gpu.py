@@ -165,9 +165,10 @@ def test_cuda_graph_replay_follows_new_inputs(kernel):
 @pytest.mark.parametrize("hkv, group", [(8, 4), (2, 16)])
 def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeypatch):
     """Layers whose query is the output of the layer before, in one CUDA graph with programmatic dependent
-    launch (kernels/_triton.dependent_launch): every kernel must wait for the one before it (the scores for
-    the last layer's merge, the selection for the scores, the sparse decode for the selection), so the graph
-    gives what launches without it give, bit for bit."""
+    launch of every kernel of the chain (kernels/_triton.dependent_launch; by default only the sparse decode's):
+    each must wait for the one before it (the scores for the last layer's merge, the selection for the scores,
+    the sparse decode for the selection), so the graph gives what launches without it give, bit for bit.
+    Without the waits it fails (results/gpu_tests_mutant_nowait_s20.log)."""
     c = random_cache([16 * 300 + 7, 16 * 45 + 3], hkv, 128, device="cuda", seed=5)
     dec = LocksDecode(LocksConfig(token_budget=512), _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
     dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
@@ -179,7 +180,8 @@ def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeyp
             dec.select(qs[layer], c["summaries"], *tables)
             dec.sparse.run(qs[layer], c["k_cache"], c["v_cache"], out=qs[layer + 1])
 
-    monkeypatch.setenv("SGLANG_LOCKS_PDL", "1")
+    every = "score,select,attend,merge"
+    monkeypatch.setenv("SGLANG_LOCKS_PDL", every)
     chain()  # compiles
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -190,7 +192,7 @@ def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeyp
         replayed = torch.stack(qs[1:])
         monkeypatch.setenv("SGLANG_LOCKS_PDL", "0")
         chain()
-        monkeypatch.setenv("SGLANG_LOCKS_PDL", "1")
+        monkeypatch.setenv("SGLANG_LOCKS_PDL", every)
         assert torch.equal(replayed, torch.stack(qs[1:]))
 
 
