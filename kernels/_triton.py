@@ -39,15 +39,19 @@ def _sm90_or_later(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+@functools.lru_cache(maxsize=None)
+def _dependent_kernels(value: str) -> tuple:
+    kernels = {"0": (), "1": DEPENDENT_KERNELS}.get(value, tuple(value.split(",")))
+    if set(kernels) - set(CHAIN_KERNELS):
+        raise ValueError(f"{PDL_ENV} must be 0, 1 or a comma-separated list of {CHAIN_KERNELS}, got {value!r}")
+    return kernels
+
+
 def dependent_launch(device: torch.device, kernel: str) -> dict:
     """Launch options of a kernel of the decode chain: with programmatic dependent launch (Hopper+) a kernel is
     scheduled while the one before it runs, and waits (griddepcontrol.wait, compile-time PDL) before it reads
     or writes anything, so that only the launch latency overlaps."""
-    value = os.environ.get(PDL_ENV, "1")
-    kernels = {"0": (), "1": DEPENDENT_KERNELS}.get(value, tuple(value.split(",")))
-    if set(kernels) - set(CHAIN_KERNELS):
-        raise ValueError(f"{PDL_ENV} must be 0, 1 or a comma-separated list of {CHAIN_KERNELS}, got {value!r}")
-    if kernel not in kernels or interpreted() or device.type != "cuda":
+    if kernel not in _dependent_kernels(os.environ.get(PDL_ENV, "1")) or interpreted() or device.type != "cuda":
         return {"PDL": 0}
     if not _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device()):
         return {"PDL": 0}
