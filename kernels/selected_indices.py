@@ -402,7 +402,8 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
             _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, PDL=0, **consts)
         state.hist.zero_()
     else:
-        _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **dependent_launch(scores.device, "select"), **consts)
+        _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **dependent_launch(scores.device, "select"),
+                                      **consts)
 
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,

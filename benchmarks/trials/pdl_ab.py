@@ -56,5 +56,6 @@ for shape, bsz, context in CASES:
     del ks, vs, sums, dec, workspace, out
     torch.cuda.empty_cache()
     json.dump({"gpu": torch.cuda.get_device_name(), "git": os.environ.get("GIT_REV", ""),
-               "date": os.environ.get("DATE", ""), "command": "python benchmarks/trials/pdl_ab.py OUT.json " + " ".join(modes),
+               "date": os.environ.get("DATE", ""),
+               "command": "python benchmarks/trials/pdl_ab.py OUT.json " + " ".join(modes),
                "rows": rows}, open(out_path, "w"), indent=1)
