@@ -455,14 +455,14 @@ def main(argv=None) -> int:
         os.makedirs(args.log_dir, exist_ok=True)
     head = header(argv)
 
-    def save(rows):
+    def save(rows) -> list:
         summary = summarize(rows)
         with open(args.out, "w") as f:
             json.dump(dict(head, rows=rows, **({"summary": summary} if summary else {})), f, indent=1)
+        return summary
 
     result = dict(head, rows=run_plan(args, save))
-    save(result["rows"])
-    for r in summarize(result["rows"]):
+    for r in save(result["rows"]):
         print(f"e2e_decode: {r['tool']} {r['shape']} bs={r['batch']} {r['context']}: {r['samples']} samples, median "
               f"{r['fullkv_ms']:.3f} / {r['locks_ms']:.3f} ms = {r['speedup']:.3f}x "
               f"({r['speedup_min']:.3f}-{r['speedup_max']:.3f}x)")

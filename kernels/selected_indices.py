@@ -123,7 +123,7 @@ def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
 @triton.jit
 def _keys_tile(p, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages, local_pages,
                cand_pages, key_row, MODE: tl.constexpr, STAGE: tl.constexpr):
-    """Phase 1 on items p below end: their keys stored at key_row; returns their histogram."""
+    """Phase 2 on items p below end: their keys stored at key_row; returns their histogram."""
     live = p < end
     if STAGE == 2:
         page = tl.load(cand_pages + p, mask=live, other=0)
@@ -140,7 +140,7 @@ def _keys_tile(p, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, l
 def _page_keys(start, end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages,
                local_pages, cand_pages, key_row, BLOCK: tl.constexpr, TILES: tl.constexpr, MODE: tl.constexpr,
                STAGE: tl.constexpr):
-    """Phase 1 over items [start, end), at most TILES tiles of BLOCK: the histogram of their keys."""
+    """Phase 2 over items [start, end), at most TILES tiles of BLOCK: the histogram of their keys."""
     jb = tl.arange(0, BLOCK)
     args = (end, scores_ptr, qrows, gmask, max_pages, n_items, n_sealed, lse, offset, sink_pages, local_pages,
             cand_pages, key_row)
@@ -156,7 +156,7 @@ def _page_keys(start, end, scores_ptr, qrows, gmask, max_pages, n_items, n_seale
 @triton.jit
 def _take_tile(p, end, key_row, thr, ties, ties_seen, taken, table, cand_pages, cand_slots, out, out_slots, h,
                HKV: tl.constexpr, PAGE: tl.constexpr, STAGE: tl.constexpr):
-    """Phase 2 on items p below end: writes those with key > thr, and ties (key == thr) while ties_seen < ties,
+    """Phase 3 on items p below end: writes those with key > thr, and ties (key == thr) while ties_seen < ties,
     from position taken; returns the new (taken, ties_seen)."""
     live = p < end
     key = tl.load(key_row + p, mask=live, other=-1)
@@ -172,7 +172,7 @@ def _take_tile(p, end, key_row, thr, ties, ties_seen, taken, table, cand_pages, 
 def _take_pages(start, end, key_row, thr, ties, ties_seen, taken, table, cand_pages, cand_slots, out, out_slots, h,
                 BLOCK: tl.constexpr, TILES: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr,
                 STAGE: tl.constexpr):
-    """Phase 2 over items [start, end), at most TILES tiles of BLOCK, in item order."""
+    """Phase 3 over items [start, end), at most TILES tiles of BLOCK, in item order."""
     jb = tl.arange(0, BLOCK)
     args = (end, key_row, thr, ties)
     rest = (table, cand_pages, cand_slots, out, out_slots, h)
