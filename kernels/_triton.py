@@ -18,6 +18,13 @@ CHAIN_KERNELS = ("score", "select", "attend", "merge")
 DEPENDENT_KERNELS = ("attend", "merge")
 
 
+# SGLANG_LOCKS_L2_KEEP=1 (default) stores the outputs that the next kernel of the decode chain reads (the score
+# kernel's scores and partials, the sparse decode's parts) with L2 policy evict-last, so that the selection finds
+# them in L2 rather than evicted by the layer's stream of page summaries; 0 stores them with the default policy.
+# (Loads read once a step cannot be marked evict-first instead: Triton's and Gluon's cp.async drop the hint.)
+L2_KEEP_ENV = "SGLANG_LOCKS_L2_KEEP"
+
+
 def interpreted() -> bool:
     """True when Triton runs kernels on the CPU (TRITON_INTERPRET=1, used by CI)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -56,6 +63,14 @@ def dependent_launch(device: torch.device, kernel: str) -> dict:
     if not _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device()):
         return {"PDL": 0}
     return {"PDL": 1, "launch_pdl": True}
+
+
+def l2_keep() -> str:
+    """The eviction policy (compile-time KEEP) of a decode-chain kernel's stores that the next kernel reads."""
+    value = os.environ.get(L2_KEEP_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{L2_KEEP_ENV} must be 0 or 1, got {value!r}")
+    return "evict_last" if value == "1" else ""
 
 
 @triton.jit

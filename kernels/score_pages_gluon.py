@@ -44,7 +44,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from ._triton import dependent_launch, interpreted
+from ._triton import dependent_launch, interpreted, l2_keep
 from .score_pages import INT4_TO_INT8X16_PTX, INT8_TO_F16_PTX, LOG2E, score_chunks, score_outputs
 
 # One warp per program, 4 page pairs per step, two shared-memory stages: the fastest of the H200 probe
@@ -226,11 +226,11 @@ def _next_step(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_p
 
 
 @gluon.jit
-def _store_scores(scores_ptr, out_row, max_pages, p, valid, s2, run_m, run_s):
-    """Store a step's scores s2 (log2 domain; pages p where valid) in nats and fold them into the running
-    per-position (max, sum) of the chunk's partials. Returns the new (run_m, run_s)."""
+def _store_scores(scores_ptr, out_row, max_pages, p, valid, s2, run_m, run_s, KEEP: gl.constexpr):
+    """Store a step's scores s2 (log2 domain; pages p where valid) in nats (L2 eviction policy KEEP) and fold
+    them into the running per-position (max, sum) of the chunk's partials. Returns the new (run_m, run_s)."""
     s2 = gl.where(valid, s2, float("-inf"))
-    gl.store(scores_ptr + out_row * max_pages + p, s2 * _LN2, mask=valid)
+    gl.store(scores_ptr + out_row * max_pages + p, s2 * _LN2, mask=valid, eviction_policy=KEEP)
     bm = gl.maximum(run_m, s2)
     run_s = run_s * gl.exp2(run_m - bm) + gl.where(valid, gl.exp2(s2 - bm), 0.0)
     return bm, run_s
@@ -238,15 +238,15 @@ def _store_scores(scores_ptr, out_row, max_pages, p, valid, s2, run_m, run_s):
 
 @gluon.jit
 def _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, row0, G: gl.constexpr,
-                    GH: gl.constexpr, AXIS: gl.constexpr):
+                    GH: gl.constexpr, AXIS: gl.constexpr, KEEP: gl.constexpr):
     """The program's chunk partials: per query head (max, sum) of its running per-position ones, reduced along
     the positions' page axis AXIS; heads row0 + [0, G) of the GH (padded) along the other."""
     hm = gl.max(run_m, AXIS)
     hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, AXIS)), 0.0), AXIS)
     gg = gl.arange(0, GH, layout=hm.type.layout)
     part = (row0 + gg).to(gl.int64) * part_stride + part_first + gl.program_id(1)  # the chunk
-    gl.store(part_max_ptr + part, hm * _LN2, mask=gg < G)
-    gl.store(part_sum_ptr + part, hs, mask=gg < G)
+    gl.store(part_max_ptr + part, hm * _LN2, mask=gg < G, eviction_policy=KEEP)
+    gl.store(part_sum_ptr + part, hs, mask=gg < G, eviction_policy=KEEP)
 
 
 @gluon.jit
@@ -257,7 +257,8 @@ def _score_pages_gluon_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
     max_pages, n_chunks, scale_log2,
     HKV: gl.constexpr, G: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, NC: gl.constexpr,
-    PAIRS: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+    PAIRS: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, KEEP: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     _pdl_start(PDL)
     R: gl.constexpr = 8
@@ -360,9 +361,11 @@ def _score_pages_gluon_kernel(
         s2 = lse + gl.convert_layout(qmu, ep)
 
         p = p0 + pos_page
-        run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, (p < end) & (pos_head < G), s2, run_m, run_s)
+        run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, (p < end) & (pos_head < G), s2, run_m, run_s,
+                                     KEEP)
     async_copy.wait_group(0)
-    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, GH, 0)
+    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, GH, 0,
+                    KEEP)
 
 
 def gluon_applies(q: torch.Tensor, summaries) -> bool:
@@ -414,6 +417,6 @@ def launch_score_kernel(kernel, q, summaries, req_to_token, req_pool_indices, se
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, "score"), **consts,
+        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, "score"), KEEP=l2_keep(), **consts,
     )
     return scores, part_max, part_sum

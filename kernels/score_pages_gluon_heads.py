@@ -44,7 +44,7 @@ def _score_pages_heads_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
     max_pages, n_chunks, scale_log2,
     HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
-    PDL: gl.constexpr, num_warps: gl.constexpr,
+    PDL: gl.constexpr, KEEP: gl.constexpr, num_warps: gl.constexpr,
 ):
     _pdl_start(PDL)
     G: gl.constexpr = 16               # query heads per KV head
@@ -157,9 +157,10 @@ def _score_pages_heads_kernel(
         s2 = lse + gl.convert_layout(gl.reshape(qmu, [G, BP]), ep)
 
         p = p0 + pos_page
-        run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, p < end, s2, run_m, run_s)
+        run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, p < end, s2, run_m, run_s, KEEP)
     async_copy.wait_group(0)
-    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, G, 1)
+    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, G, 1,
+                    KEEP)
 
 
 def score_pages_gluon_heads(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,

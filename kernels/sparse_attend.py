@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import dependent_launch, interpreted, pdl_start
+from ._triton import dependent_launch, interpreted, l2_keep, pdl_start
 from .score_pages import LOG2E
 
 PAGE = tl.constexpr(16)  # tokens per page (config.PAGE_SIZE; kernels do not import the package's config)
@@ -37,8 +37,10 @@ PAGE = tl.constexpr(16)  # tokens per page (config.PAGE_SIZE; kernels do not imp
 @triton.jit
 def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, part_o, part_lse, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                 PAGES: tl.constexpr, SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr):
-    """Program (row, split): the row's G query heads over one part of its pages."""
+                 PAGES: tl.constexpr, SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
+                 KEEP: tl.constexpr):
+    """Program (row, split): the row's G query heads over one part of its pages (parts stored with L2 eviction
+    policy KEEP)."""
     pdl_start(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -86,8 +88,9 @@ def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, p
         tl.store(out_ptr + (row * G + heads)[:, None] * D + dims[None, :], o.to(out_ptr.dtype.element_ty), mask=live)
     else:
         part = (row * SPLITS + split) * G + heads
-        tl.store(part_o + part[:, None] * D + dims[None, :], o, mask=live)
-        tl.store(part_lse + part, tl.where(l > 0, m + tl.log2(l), float("-inf")), mask=heads < G)
+        tl.store(part_o + part[:, None] * D + dims[None, :], o, mask=live, eviction_policy=KEEP)
+        tl.store(part_lse + part, tl.where(l > 0, m + tl.log2(l), float("-inf")), mask=heads < G,
+                 eviction_policy=KEEP)
 
 
 @triton.jit
@@ -161,7 +164,7 @@ def sparse_attend_triton(q, k_cache, v_cache, indptr, indices, last_page_len, ro
     _attend_part[(rows, splits)](q, k_cache, v_cache, indptr, indices, last_page_len, out, part_o, part_lse,
                                  sm_scale * LOG2E, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
                                  DP=dp, PAGES=pages_per_iter, SPLITS=splits, DOT_F32=interpreted(), num_warps=4,
-                                 **dependent_launch(q.device, "attend"))
+                                 KEEP=l2_keep(), **dependent_launch(q.device, "attend"))
     if splits > 1:
         _merge_parts[(rows, g)](part_o, part_lse, out, G=g, D=d, DP=dp, SPLITS=splits, num_warps=4,
                                 **dependent_launch(q.device, "merge"))

@@ -93,7 +93,8 @@ from sglang_locks.kernels import score_pages_gluon as m, score_pages_gluon_heads
 group, index, heads_on_rows = {group}, {index!r}, {heads_on_rows}
 fn = heads._score_pages_heads_kernel if heads_on_rows else m._score_pages_gluon_kernel
 names = fn.arg_names
-consts = dict(HKV=8 if group <= 4 else 2, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, PDL=1, num_warps=1)
+consts = dict(HKV=8 if group <= 4 else 2, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, PDL=1,
+              KEEP="evict_last", num_warps=1)
 if not heads_on_rows:
     consts.update(G=group, NC=max(8, 2 * group))
 ptrs = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8", coef_scale_ptr="*fp32",
@@ -104,8 +105,10 @@ src = GluonASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for
                      attrs={{(names.index(n),): [["tt.divisibility", 16]] for n in ptrs}})
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
 ptx = k.asm["ptx"]
+stores = [line for line in ptx.splitlines() if "st.global" in line]
 print("cp.async.cg.shared.global" in ptx, "m16n8k32" in ptx and ".s32.s8.s8.s32" in ptx, len(k.asm["cubin"]) > 0,
-      ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), "griddepcontrol.launch_dependents" in ptx)
+      ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), "griddepcontrol.launch_dependents" in ptx,
+      bool(stores) and all("L2::cache_hint" in line for line in stores), "createpolicy.fractional.L2::evict_last" in ptx)
 """
 
 
@@ -120,8 +123,8 @@ def test_gluon_score_kernel_builds_for_sm90(group, heads_on_rows, index):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     # 16-byte cp.async staging, int8 mma, a cubin; programmatic dependent launch: it waits before any load and
-    # lets the selection launch
-    assert out.stdout.split() == ["True"] * 5
+    # lets the selection launch; its outputs (scores, partials) stored evict-last in L2 (SGLANG_LOCKS_L2_KEEP)
+    assert out.stdout.split() == ["True"] * 7
 
 
 ATTEND_BUILD = """
@@ -132,7 +135,7 @@ from sglang_locks.kernels import sparse_attend as m
 d = {head_dim}
 dp = max(16, triton.next_power_of_2(d))
 for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), D=d, DP=dp, PAGES=8, SPLITS=32,
-                                         DOT_F32=False, PDL=1)),
+                                         DOT_F32=False, PDL=1, KEEP="evict_last")),
                    (m._merge_parts, dict(G={group}, D=d, DP=dp, SPLITS=32, PDL=1))):
     names = fn.arg_names
     sig = {{n: "constexpr" if n in consts else "fp32" if n == "qk_scale" else "*bf16" if n in ("q_ptr", "k_ptr", "v_ptr",
@@ -141,17 +144,20 @@ for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), 
                     attrs={{(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n].startswith("*")}})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
     attend = fn is m._attend_part
+    parts = [line for line in ptx.splitlines() if "st.global" in line]
     print("mma.sync" in ptx or not attend, "cp.async.cg.shared.global" in ptx or not attend,
-          ptx.index("griddepcontrol.wait") < ptx.index("ld.global"))
+          ptx.index("griddepcontrol.wait") < ptx.index("ld.global"),
+          all("L2::cache_hint" in line for line in parts) == attend)
 """
 
 
 @pytest.mark.parametrize("group, head_dim", [(1, 128), (4, 128), (16, 128), (4, 96)])
 def test_sparse_attend_kernels_build_for_sm90(group, head_dim):
     """The split-page sparse decode and its merge for the H200: products on the tensor cores, K and V gathered in
-    16-byte asynchronous copies (also at head_dim 96, padded to 128 in registers)."""
+    16-byte asynchronous copies (also at head_dim 96, padded to 128 in registers), the parts stored evict-last in
+    L2 for the merge (which stores its output with the default policy)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", ATTEND_BUILD.format(group=group, head_dim=head_dim)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True"] * 6
+    assert out.stdout.split() == ["True"] * 8

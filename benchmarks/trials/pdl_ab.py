@@ -1,10 +1,11 @@
-"""H200: the LOCKS attention step (score, select, sparse decode of every layer, one CUDA graph) with programmatic
-dependent launch off (SGLANG_LOCKS_PDL=0) and on, alternated in one process on the same inputs.
+"""H200: the LOCKS attention step (score, select, sparse decode of every layer, one CUDA graph) under settings of
+one of the decode chain's environment knobs, alternated in one process on the same inputs.
 
-    python benchmarks/trials/pdl_ab.py OUT.json [VALUE ...]
+    python benchmarks/trials/pdl_ab.py OUT.json [--env NAME] [VALUE ...]
 
-VALUE: the SGLANG_LOCKS_PDL settings to alternate (default: 0 1, off and the default kernels; a comma-separated
-list names the kernels launched so), three rounds each; the outputs of every setting must equal the first's."""
+NAME: the knob, SGLANG_LOCKS_PDL (programmatic dependent launch) by default, or SGLANG_LOCKS_L2_KEEP. VALUE: its
+settings to alternate (default: 0 1; for SGLANG_LOCKS_PDL a comma-separated list names the kernels launched so),
+three rounds each; the outputs of every setting must equal the first's."""
 import json, os, sys
 import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -13,7 +14,11 @@ from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
 
 out_path = sys.argv[1]
-modes = sys.argv[2:] or ["0", "1"]
+env = "SGLANG_LOCKS_PDL"
+modes = sys.argv[2:]
+if modes[:1] == ["--env"]:
+    env, modes = modes[1], modes[2:]
+modes = modes or ["0", "1"]
 CASES = (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("llama3.1-8b", 4, 131072),
          ("llama3.1-8b", 8, 131072), ("glm4-9b-1m", 1, 131072), ("glm4-9b-1m", 1, 1048576))
 rows = []
@@ -43,7 +48,7 @@ for shape, bsz, context in CASES:
     ref = None
     for _ in range(3):
         for m in modes:
-            os.environ["SGLANG_LOCKS_PDL"] = m
+            os.environ[env] = m
             times[m].append(graph_ms(step, 40))
             if ref is None:
                 ref = out.clone()
@@ -57,5 +62,5 @@ for shape, bsz, context in CASES:
     torch.cuda.empty_cache()
     json.dump({"gpu": torch.cuda.get_device_name(), "git": os.environ.get("GIT_REV", ""),
                "date": os.environ.get("DATE", ""),
-               "command": "python benchmarks/trials/pdl_ab.py OUT.json " + " ".join(modes),
+               "command": f"python benchmarks/trials/pdl_ab.py OUT.json --env {env} " + " ".join(modes),
                "rows": rows}, open(out_path, "w"), indent=1)
