@@ -74,6 +74,8 @@ from .aggregate_scores import (AGGREGATIONS, HIST_BINS, aggregate_block, key_off
                                partials_block, row_lse)
 
 PAGE_BLOCK = 512  # pages per program, before the grid's cap (selection_parts)
+TILE_VALUES = 8192  # most [G, tile] scores a program loads at once
+SELECT_WARPS = 4
 SPLIT_MERGE_ABOVE = 2048  # score partials (chunks x query heads) a row's programs each merge whole
 
 
@@ -324,17 +326,39 @@ class SelectionState:
         self.arrived = torch.zeros(max_rows, dtype=torch.int32, device=device)
 
 
-def selection_parts(rows: int, items: int, device: torch.device, block: int = None) -> int:
-    """Programs per row: up to one per block of items, with the grid within 2 programs per SM, which
-    are resident together whatever the kernel's registers (<= 255 x 128 threads each)."""
-    return max(1, min(triton.cdiv(max(items, 1), block or PAGE_BLOCK), 2 * num_sms(device) // rows))
+def selection_parts(rows: int, items: int, device: torch.device, group: int, block: int = None) -> int:
+    """Programs per row: up to one per block of items, as many as let the whole grid be resident at once
+    (the row barrier needs it): with the smallest tile (selection_tile) whose resident_programs per SM
+    hold the grid, else 2 per SM, which any registers allow (<= 255 x 128 threads each). Llama-3.1-8B bs=4
+    at 128K+: 17 programs per row of 512-page tiles, not 8 of 2048 (half of each masked in a 132096-token
+    graph)."""
+    sms = num_sms(device)
+    items = max(items, 1)
+    most = triton.cdiv(items, block or PAGE_BLOCK)
+    tile = selection_tile(items, most, group)
+    while True:
+        parts = min(most, triton.cdiv(items, tile))
+        if rows * parts <= resident_programs(tile, group) * sms:
+            return parts
+        if tile * triton.next_power_of_2(group) >= TILE_VALUES:
+            return max(1, min(most, 2 * sms // rows))
+        tile *= 2
+
+
+def resident_programs(tile: int, group: int) -> int:
+    """Selection programs an SM holds at once with [G, tile] scores: 8 at tiles of <= 512 pages and <= 16 score
+    values per thread, half as many as either doubles, at least 2 (which any registers allow). ptxas (sm_90)
+    gives G = 4: 47, 96 and 168 registers at tiles of 512, 1024 and 2048 (room for 10, 5 and 3 programs of 4
+    warps); tests/test_kernels_build.py checks the builds against this."""
+    values = triton.next_power_of_2(group) * tile // (32 * SELECT_WARPS)
+    return max(2, 8 // max(1, tile // 512, values // 16))
 
 
 def selection_tile(items: int, parts: int, group: int) -> int:
-    """Items a program loads at a time: its whole span where [G, tile] scores stay within 8192 values,
+    """Items a program loads at a time: its whole span where [G, tile] scores stay within TILE_VALUES,
     which keeps a row's programs to one round trip each (H200: benchmarks/results/select_probe_s15.json)."""
     span = triton.next_power_of_2(triton.cdiv(max(items, 1), parts))
-    return max(16, min(span, 8192 // triton.next_power_of_2(group)))
+    return max(16, min(span, TILE_VALUES // triton.next_power_of_2(group)))
 
 
 def selection_tiles(items: int, parts: int, group: int) -> tuple:
@@ -378,7 +402,8 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
         cand_pages, cand_slots = candidates[0], candidates[1]
         n_cand = candidates.shape[2]
     n_chunks = part_max.shape[-1] if score_chunks is None else score_chunks
-    parts = selection_parts(rows, width, scores.device, CANDIDATE_BLOCK if stage == "among_candidates" else PAGE_BLOCK)
+    parts = selection_parts(rows, width, scores.device, group,
+                            CANDIDATE_BLOCK if stage == "among_candidates" else PAGE_BLOCK)
     block, small = selection_tiles(width, parts, group)
     keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
     suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
@@ -396,7 +421,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
                   BLOCK=block, SMALL=small,
                   TILES=triton.cdiv(triton.cdiv(max(width, 1), parts), block),
                   PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
-                  LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=4)
+                  LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=SELECT_WARPS)
     if interpreted():  # programs run one after the other: one launch per phase
         for phase in (1, 2, 3) if split else (2, 3):
             _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, PDL=0, **consts)

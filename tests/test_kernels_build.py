@@ -85,6 +85,49 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
         assert l2_loads == "True"  # other programs' histograms are read from L2, not a stale L1
 
 
+SELECT_REGISTERS = """
+import math, re, subprocess, tempfile
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang_locks.kernels import selected_indices as m
+fn = m._select_kernel
+names = fn.arg_names
+for group, tile, split in ((1, 512, 0), (1, 1024, 0), (1, 2048, 0), (2, 2048, 0), (4, 512, 0), (4, 1024, 0),
+                           (4, 2048, 0), (8, 512, 0), (16, 512, 1), (16, 512, 0)):
+    for stage in (0, 2):
+        consts = dict(HKV=8, G=group, BLOCK_G=group, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=split, PAGE=16, BLOCK=tile,
+                      SMALL=tile if group >= 8 else tile // 4, TILES=1, PARTS_P2=32, MODE=0, LOG_G=math.log(group),
+                      PHASE=0, SYNC=True, STAGE=stage, PDL=1)
+        floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr", "slice_max_ptr", "slice_sum_ptr")
+        sig = {{n: "constexpr" if n in consts else "*fp32" if n in floats else "*i64" if n in ("seq_lens_ptr",
+               "req_pool_ptr") else "*i32" if n.endswith("_ptr") else "i32" for n in names}}
+        src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=m.SELECT_WARPS))
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+            f.write(k.asm["ptx"])
+            f.flush()
+            info = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
+                                  capture_output=True, text=True, check=True).stderr
+        regs = int(re.search(r"Used (\\d+) registers", info).group(1))
+        print(group, tile, split, stage, regs, m.resident_programs(tile, group))
+"""
+
+
+def test_selection_programs_fit_the_sm_as_resident_programs_says():
+    """selection_parts sizes the grid by resident_programs: at the registers ptxas gives each tile (allocated per
+    warp in steps of 8 per thread), that many programs of SELECT_WARPS warps fit in an SM's 64K registers."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", SELECT_REGISTERS.format()], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    builds = [list(map(int, line.split())) for line in out.stdout.splitlines()]
+    assert len(builds) == 20
+    for group, tile, split, stage, regs, resident in builds:
+        assert -(-regs // 8) * 8 * 32 * 4 * resident <= 65536, (group, tile, split, stage, regs, resident)
+
+
 GLUON_BUILD = """
 import triton
 from triton.backends.compiler import GPUTarget

@@ -20,6 +20,7 @@ from sglang_locks.kernels.selected_indices import (
     selected_indices_torch,
     selected_indices_triton,
     PAGE_BLOCK,
+    resident_programs,
     selection_parts,
     selection_tile,
     selection_tiles,
@@ -244,14 +245,34 @@ def test_pages_below_the_key_range_fill_the_budget_in_page_order(device):
     assert torch.equal(got.long(), table[torch.tensor(pages) * 16] * hkv)
 
 
-def test_selection_grid_stays_resident():
-    """The kernel's row barrier needs every program of the grid resident at once: <= 2 per SM."""
-    sms = num_sms(torch.device("cpu"))
-    for rows in (1, 2, 7, 64, 1000):
-        for max_pages in (1, 1024, 70000):
-            parts = selection_parts(rows, max_pages, torch.device("cpu"))
-            assert parts >= 1 and (parts == 1 or rows * parts <= 2 * sms)
-            assert parts <= -(-max_pages // PAGE_BLOCK)
+@pytest.mark.parametrize("sms", [4, 132])
+def test_selection_grid_stays_resident(monkeypatch, sms):
+    """The kernel's row barrier needs every program of the grid resident at once: within resident_programs per SM
+    of its tile, or 2 per SM (any registers). 4 SMs: the interpreter's; 132: the H200's."""
+    monkeypatch.setattr(selected_indices, "num_sms", lambda device: sms)
+    device = torch.device("cpu")
+    for rows in (1, 2, 7, 32, 64, 1000):
+        for max_pages in (1, 1024, 8256, 16448, 70000):
+            for group in (1, 4, 16):
+                parts = selection_parts(rows, max_pages, device, group)
+                tile = selection_tile(max_pages, parts, group)
+                assert parts >= 1 and (parts == 1 or rows * parts <= max(resident_programs(tile, group), 2) * sms)
+                assert parts <= -(-max_pages // PAGE_BLOCK)
+
+
+def test_selection_grid_takes_the_smallest_resident_tile(monkeypatch):
+    """H200 (132 SMs): Llama-3.1-8B bs=4 in a 132096-token graph gets 17 programs per row of 512-page tiles (8 of
+    2048, half masked, under 2 programs per SM); where no tile's programs fit, 2 per SM as before."""
+    monkeypatch.setattr(selected_indices, "num_sms", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert selection_parts(32, 8256, cpu, 4) == 17 and selection_tile(8256, 17, 4) == 512
+    assert selection_parts(8, 8256, cpu, 4) == 17                           # bs=1: as before
+    assert selection_parts(8, 65536, cpu, 4) == 128                         # bs=1 1M: 512-page tiles, not 33 of 2048
+    assert selection_parts(64, 8256, cpu, 4) == 4                           # bs=8: none fits, 2 per SM
+    assert selection_parts(2, 65536, cpu, 16) == 128                        # GLM-4-9B-1M 1M: as before
+    assert [resident_programs(t, 4) for t in (256, 512, 1024, 2048)] == [8, 8, 4, 2]
+    assert [resident_programs(t, 1) for t in (1024, 2048, 8192)] == [4, 2, 2]
+    assert resident_programs(512, 8) == 4 and resident_programs(512, 16) == 2
 
 
 def test_selection_tile_covers_a_program_span_within_the_register_cap():

@@ -46,7 +46,7 @@ for shape, bsz, context in (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 26214
                     sel()
             us = graph_ms(many, 30) * 1e3 / 20
             rows.append(dict(shape=shape, batch=bsz, context=context, page_block=block,
-                             parts=si.selection_parts(bsz * hkv, dec.max_pages, q.device), us=round(us, 2),
+                             parts=si.selection_parts(bsz * hkv, dec.max_pages, q.device, hq // hkv), us=round(us, 2),
                              same_as_shipped=bool(torch.equal(got, ref))))
         except Exception:
             rows.append(dict(shape=shape, batch=bsz, context=context, page_block=block, error=traceback.format_exc()[-600:]))

@@ -80,7 +80,7 @@ for shape, bsz, context, *width in CASES:
                                               cfg.local_pages, cfg.gqa_aggregation, cfg.budget_pages, state)
     # phase 1 (where the partials are merged in slices) and 2 make the histogram; phase 3 reads phase 2's first
     # launch's (its others add to it)
-    split = head.split_merge(scored[1].shape[-1], head.selection_parts(bsz * hkv, max_pages, q.device), hq // hkv)
+    split = head.split_merge(scored[1].shape[-1], head.selection_parts(bsz * hkv, max_pages, q.device, hq // hkv), hq // hkv)
     for phase in (1, 2, 3) if split else (2, 3):
         head._select_kernel = OnePhase(kernel, phase)
         if phase == 2:
