@@ -27,7 +27,7 @@ cfg = LocksConfig()
 rows = []
 for shape, bsz, context in cases:
     layers, hkv, hq, d = SHAPES[shape]
-    slots = bsz * context + 16
+    slots = bsz * (context + 32) + 16  # requests of up to context + 32 tokens
     n_kv = max(1, min(layers, int(40 * 2**30 // (slots * hkv * d * 4))))
     ks = [torch.empty(slots, hkv, d, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(n_kv)]
     vs = [torch.empty(slots, hkv, d, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(n_kv)]
