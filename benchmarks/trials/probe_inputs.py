@@ -1,6 +1,8 @@
 """Inputs the H200 probes in this folder share (run from the repository root)."""
 
 import importlib.util
+import json
+import os
 import sys
 
 import torch
@@ -67,3 +69,45 @@ def attend_inputs(hkv: int, hq: int, bsz: int, inner: int, kernel: str = "flashi
     w = sd.SparseDecodeWrapper(ws, hq, hkv, d, bsz, bsz * hkv * 130, use_cuda_graph=True, kernel=kernel)
     w.plan(torch.full((bsz,), ctx, dtype=torch.int32), 128, torch.bfloat16, torch.bfloat16, d ** -0.5)
     return q, views, w, random_selection(w, bsz, hkv, ctx)
+
+
+class ChainStep:
+    """The LOCKS attention step of every layer of one shape on random inputs (pdl_ab.py, chain_profile.py,
+    select_grid_ab.py): requests of lens tokens on sequential slots, K/V of as many layers as fit in 40 GiB
+    and 8 sets of summaries (both rotated over the layers, so that they come from HBM), a CUDA-graph
+    LocksDecode planned with score buffers max_pages wide (default: the longest request's). run() writes each
+    layer's output into out, so out holds the last layer's."""
+
+    def __init__(self, shape: str, lens: list, max_pages: int = None):
+        from sglang_locks.config import LocksConfig
+        from sglang_locks.decode import LocksDecode
+
+        cfg = LocksConfig()
+        self.layers, hkv, hq, d = SHAPES[shape]
+        bsz, longest = len(lens), max(lens)
+        slots = bsz * longest + 16
+        self.n_kv = max(1, min(self.layers, int(40 * 2**30 // (slots * hkv * d * 4))))
+        self.ks = [torch.empty(slots, hkv, d, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(self.n_kv)]
+        self.vs = [torch.empty(slots, hkv, d, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(self.n_kv)]
+        self.sums = [random_summaries(slots // 16, hkv, d, cfg.rank) for _ in range(min(self.layers, 8))]
+        lens_cpu = torch.tensor(lens, dtype=torch.int32)
+        self.tables = ((torch.arange(bsz * longest, device="cuda", dtype=torch.int32) + 16).view(bsz, longest),
+                       torch.arange(bsz, device="cuda", dtype=torch.int32), lens_cpu.cuda())
+        self.q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
+        self.workspace = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+        self.dec = LocksDecode(cfg, self.workspace, hq, hkv, d, bsz, use_cuda_graph=True)
+        self.dec.plan(lens_cpu, torch.bfloat16, torch.bfloat16, d**-0.5, max_pages)
+        self.rows, self.group = bsz * hkv, hq // hkv
+        self.out = torch.empty_like(self.q)
+
+    def run(self) -> None:
+        for layer in range(self.layers):
+            self.dec.select(self.q, self.sums[layer % len(self.sums)], *self.tables)
+            self.dec.sparse.run(self.q, self.ks[layer % self.n_kv], self.vs[layer % self.n_kv], out=self.out)
+
+
+def save_rows(out_path: str, command: str, rows: list, **extra) -> None:
+    """A trial's JSON: the GPU, GIT_REV and DATE from the environment, its command, rows and any extra fields."""
+    with open(out_path, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "git": os.environ.get("GIT_REV", ""),
+                   "date": os.environ.get("DATE", ""), "command": command, **extra, "rows": rows}, f, indent=1)
