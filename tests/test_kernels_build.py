@@ -41,28 +41,35 @@ def test_score_kernel_builds_for_sm90(group, kv_heads, conversion):
         assert int4_to_f16 == str(conversion == "ptx")  # the magic-number conversion on the ptx path only
 
 
-SELECT_BUILD = """
-import itertools
+SELECT_COMPILE = """
 import math
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from sglang_locks.kernels import selected_indices as m
-fn = m._select_kernel
-names = fn.arg_names
+
+
+def build(index, **consts):
+    # _select_kernel for sm_90: G = 4 and one PAGE_BLOCK tile unless consts say otherwise; seq_lens and request
+    # indices of type index
+    consts = {**dict(HKV=8, G=4, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=0, PAGE=16, BLOCK=m.PAGE_BLOCK,
+                     SMALL=m.PAGE_BLOCK, TILES=1, PARTS_P2=8, MODE=0, PHASE=0, SYNC=True, STAGE=0, PDL=1), **consts}
+    consts.update(BLOCK_G=consts["G"], LOG_G=math.log(consts["G"]))
+    names = m._select_kernel.arg_names
+    floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr", "slice_max_ptr", "slice_sum_ptr")
+    sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else index if n in ("seq_lens_ptr", "req_pool_ptr")
+           else "*i32" if n.endswith("_ptr") else "i32" for n in names}
+    src = ASTSource(fn=m._select_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=m.SELECT_WARPS))
+"""
+
+SELECT_BUILD_LOOP = """
+import itertools
 # pages to entries, to a candidate list; candidates to entries; with a small tile for short rows or not; a
 # program's span in one tile or several; the score partials merged whole or in slices (a second barrier)
 configs = [(*c, 0) for c in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4), (1, 2))]
 for stage, small, tiles, split in configs + [(0, m.PAGE_BLOCK // 4, 1, 1), (1, m.PAGE_BLOCK, 2, 1)]:
-    consts = dict(HKV=8, G=4, BLOCK_G=4, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=split, PAGE=16, BLOCK=m.PAGE_BLOCK,
-                  SMALL=small, TILES=tiles, PARTS_P2=8, MODE=0, LOG_G=math.log(4), PHASE=0, SYNC=True, STAGE=stage,
-                  PDL=1)
-    floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr", "slice_max_ptr", "slice_sum_ptr")
-    index = {{"seq_lens_ptr": {index!r}, "req_pool_ptr": {index!r}}}
-    sig = {{n: "constexpr" if n in consts else "*fp32" if n in floats else index.get(n, "*i32") if n.endswith("_ptr")
-           else "i32" for n in names}}
-    src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
+    ptx = build({index!r}, SPLIT=split, SMALL=small, TILES=tiles, STAGE=stage).asm["ptx"]
     print("atom.global.gpu.acq_rel.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx,
           "griddepcontrol.wait" in ptx)
 """
@@ -73,7 +80,8 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
     """The spin barrier only exists in the GPU build (the interpreter runs the phases as launches). int64: SGLang's
     seq_lens and request indices."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", SELECT_BUILD.format(index=index)], env=env, capture_output=True,
+    code = SELECT_COMPILE + SELECT_BUILD_LOOP.format(index=index)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [line.split() for line in out.stdout.splitlines()]
@@ -85,26 +93,14 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
         assert l2_loads == "True"  # other programs' histograms are read from L2, not a stale L1
 
 
-SELECT_REGISTERS = """
-import math, re, subprocess, tempfile
-import triton
+SELECT_REGISTERS = SELECT_COMPILE + """
+import re, subprocess, tempfile
 from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from sglang_locks.kernels import selected_indices as m
-fn = m._select_kernel
-names = fn.arg_names
 for group, tile, split in ((1, 512, 0), (1, 1024, 0), (1, 2048, 0), (2, 2048, 0), (4, 512, 0), (4, 1024, 0),
                            (4, 2048, 0), (8, 512, 0), (16, 512, 1), (16, 512, 0)):
     for stage in (0, 2):
-        consts = dict(HKV=8, G=group, BLOCK_G=group, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=split, PAGE=16, BLOCK=tile,
-                      SMALL=tile if group >= 8 else tile // 4, TILES=1, PARTS_P2=32, MODE=0, LOG_G=math.log(group),
-                      PHASE=0, SYNC=True, STAGE=stage, PDL=1)
-        floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr", "slice_max_ptr", "slice_sum_ptr")
-        sig = {{n: "constexpr" if n in consts else "*fp32" if n in floats else "*i64" if n in ("seq_lens_ptr",
-               "req_pool_ptr") else "*i32" if n.endswith("_ptr") else "i32" for n in names}}
-        src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}})
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=m.SELECT_WARPS))
+        k = build("*i64", G=group, SPLIT=split, BLOCK=tile, SMALL=tile if group >= 8 else tile // 4, PARTS_P2=32,
+                  STAGE=stage)
         with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
             f.write(k.asm["ptx"])
             f.flush()
@@ -119,7 +115,7 @@ def test_selection_programs_fit_the_sm_as_resident_programs_says():
     """selection_parts sizes the grid by resident_programs: at the registers ptxas gives each tile (allocated per
     warp in steps of 8 per thread), that many programs of SELECT_WARPS warps fit in an SM's 64K registers."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", SELECT_REGISTERS.format()], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", SELECT_REGISTERS], env=env, capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [list(map(int, line.split())) for line in out.stdout.splitlines()]
