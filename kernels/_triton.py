@@ -1,6 +1,8 @@
 """What every launch wrapper needs to know about the Triton runtime."""
 
+import ctypes
 import functools
+import logging
 import os
 
 import torch
@@ -39,6 +41,34 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _libcuda():
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def resident_blocks(compiled) -> int:
+    """Programs of a compiled Triton kernel that one SM holds at once (the CUDA driver's occupancy of its
+    registers, shared memory and warps), or 0 where the driver cannot say."""
+    lib = _libcuda()
+    if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
+        compiled = compiled.result()
+    try:
+        compiled._init_handles()  # loads the module: registers known (Triton has no public hook for it)
+        blocks = ctypes.c_int(0)
+        status = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(blocks), ctypes.c_void_p(compiled.function), compiled.metadata.num_warps * 32,
+            ctypes.c_size_t(compiled.metadata.shared))
+    except (AttributeError, TypeError):  # no libcuda, or a Triton without these fields
+        status = -1
+    if status != 0:
+        logging.getLogger(__name__).warning("kernel occupancy unavailable (CUDA status %s)", status)
+        return 0
+    return blocks.value
 
 
 @functools.lru_cache(maxsize=None)

@@ -33,7 +33,9 @@ Pages come out in logical order; the selection is deterministic and the exact
 top-k up to ties within one key step. Between the phases a row's programs wait
 for each other on a counter (spin): selection_parts caps the grid so that all
 its programs are resident at once, which is what keeps the wait from
-deadlocking. The last program of a row to finish clears its histogram and
+deadlocking, and before a grid's first launch the CUDA driver's occupancy of
+the kernel it compiles to confirms it (_resident_grid: fewer programs where
+another GPU or compiler gives it more registers than resident_programs models). The last program of a row to finish clears its histogram and
 counter for the next launch. Triton's interpreter (CPU CI) runs programs one
 after the other, so there the phases are launches of their own.
 
@@ -69,7 +71,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import dependent_launch, interpreted, num_sms, pdl_start
+from ._triton import dependent_launch, interpreted, num_sms, pdl_start, resident_blocks
 from .aggregate_scores import (AGGREGATIONS, HIST_BINS, aggregate_block, key_offset, merge_partials, page_key,
                                partials_block, row_lse)
 
@@ -403,34 +405,70 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
         cand_pages, cand_slots = candidates[0], candidates[1]
         n_cand = candidates.shape[2]
     n_chunks = part_max.shape[-1] if score_chunks is None else score_chunks
-    parts = selection_parts(rows, width, scores.device, group,
-                            CANDIDATE_BLOCK if stage == "among_candidates" else PAGE_BLOCK)
-    block, small = selection_tiles(width, parts, group)
-    keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
-    suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=scores.device)
-    split = split_merge(n_chunks, parts, group)
-    # the slices' (max, sum) scratch [rows, G, parts], only where the partials are merged in slices
-    slices = (torch.empty(2, rows, group, parts, dtype=torch.float32, device=scores.device) if split
-              else (part_max, part_sum))  # not read
-    args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
-            req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices, last_page_len,
-            cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix, slices[0], slices[1],
-            sink_pages, local_pages, budget_pages, parts)
-    consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
-                  BLOCK_N=partials_block(parts if split else n_chunks, group),
-                  BLOCK_SLICE=partials_block(triton.cdiv(n_chunks, parts), group), SPLIT=int(split), PAGE=16,
-                  BLOCK=block, SMALL=small,
-                  TILES=triton.cdiv(triton.cdiv(max(width, 1), parts), block),
-                  PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
-                  LOG_G=math.log(group), STAGE=_STAGES[stage], num_warps=SELECT_WARPS)
-    if interpreted():  # programs run one after the other: one launch per phase
-        for phase in (1, 2, 3) if split else (2, 3):
-            _select_kernel[(rows, parts)](*args, PHASE=phase, SYNC=False, PDL=0, **consts)
-        state.hist.zero_()
-    else:
-        _select_kernel[(rows, parts)](*args, PHASE=0, SYNC=parts > 1, **dependent_launch(scores.device, "select"),
-                                      **consts)
+    device = scores.device
+    launch = {"PHASE": 0, **dependent_launch(device, "select")}
 
+    def grid(parts):
+        """The launch's arguments and compile-time constants at parts programs per row."""
+        block, small = selection_tiles(width, parts, group)
+        keys = torch.empty(rows, width, dtype=torch.int32, device=device)
+        suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=device)
+        split = split_merge(n_chunks, parts, group)
+        # the slices' (max, sum) scratch [rows, G, parts], only where the partials are merged in slices
+        slices = (torch.empty(2, rows, group, parts, dtype=torch.float32, device=device) if split
+                  else (part_max, part_sum))  # not read
+        args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
+                req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices, last_page_len,
+                cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix, slices[0], slices[1],
+                sink_pages, local_pages, budget_pages, parts)
+        consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
+                      BLOCK_N=partials_block(parts if split else n_chunks, group),
+                      BLOCK_SLICE=partials_block(triton.cdiv(n_chunks, parts), group), SPLIT=int(split), PAGE=16,
+                      BLOCK=block, SMALL=small,
+                      TILES=triton.cdiv(triton.cdiv(max(width, 1), parts), block),
+                      PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
+                      LOG_G=math.log(group), STAGE=_STAGES[stage], SYNC=parts > 1, num_warps=SELECT_WARPS)
+        return args, consts
+
+    parts = selection_parts(rows, width, device, group, CANDIDATE_BLOCK if stage == "among_candidates" else PAGE_BLOCK)
+    if interpreted():  # programs run one after the other: one launch per phase
+        args, consts = grid(parts)
+        for phase in (1, 2, 3) if consts["SPLIT"] else (2, 3):
+            _select_kernel[(rows, parts)](*args, **{**consts, "PHASE": phase, "SYNC": False, "PDL": 0})
+        state.hist.zero_()
+        return
+    key = (device.index, rows, parts, width, n_chunks, group, num_kv_heads, mode, stage, req_to_token.dtype,
+           seq_lens.dtype, req_pool_indices.dtype, launch["PDL"])
+    if key not in _RESIDENT_PARTS:
+        _RESIDENT_PARTS[key] = _resident_grid(grid, rows, parts, num_sms(device), launch)
+    parts = _RESIDENT_PARTS[key]
+    args, consts = grid(parts)
+    _select_kernel[(rows, parts)](*args, **launch, **consts)
+
+
+_RESIDENT_PARTS = {}  # selection_parts' grid -> the parts _resident_grid keeps
+
+
+def _resident_grid(grid, rows: int, parts: int, sms: int, launch: dict) -> int:
+    """parts, or fewer where the CUDA driver says that the kernel they compile to (whose registers
+    resident_programs models from sm_90 builds; another GPU or compiler may differ) does not fit rows x parts
+    programs on the GPU at once, which the row barrier needs."""
+    while parts > 1:
+        args, consts = grid(parts)
+        per_sm = resident_blocks(_select_kernel.warmup(*args, grid=(rows, parts), **launch, **consts))
+        fewer = resident_parts(rows, parts, sms, per_sm)
+        if fewer == parts:
+            break
+        parts = fewer
+    return parts
+
+
+def resident_parts(rows: int, parts: int, sms: int, per_sm: int) -> int:
+    """Programs per row for a grid of rows x parts programs of which an SM holds per_sm at once (0: unknown):
+    parts where they all fit at once (the row barrier needs it) or per_sm is unknown, else fewer."""
+    if per_sm == 0 or rows * parts <= per_sm * sms:
+        return parts
+    return max(1, min(parts - 1, per_sm * sms // rows))
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
                             last_page_len, num_kv_heads, sink_pages, local_pages, mode, budget_pages,

@@ -20,6 +20,7 @@ from sglang_locks.kernels.selected_indices import (
     selected_indices_torch,
     selected_indices_triton,
     PAGE_BLOCK,
+    resident_parts,
     resident_programs,
     selection_parts,
     selection_tile,
@@ -273,6 +274,89 @@ def test_selection_grid_takes_the_smallest_resident_tile(monkeypatch):
     assert [resident_programs(t, 4) for t in (256, 512, 1024, 2048)] == [8, 8, 4, 2]
     assert [resident_programs(t, 1) for t in (1024, 2048, 8192)] == [4, 2, 2]
     assert resident_programs(512, 8) == 4 and resident_programs(512, 16) == 2
+
+
+def test_resident_parts_keeps_grids_that_fit_and_shrinks_the_others():
+    assert resident_parts(8, 17, 132, 8) == 17          # Llama-3.1-8B bs=1 128K on the H200
+    assert resident_parts(64, 17, 132, 0) == 17         # the driver could not say: the model's choice
+    assert resident_parts(64, 17, 132, 4) == 8          # 528 resident programs for 64 rows
+    assert resident_parts(1000, 4, 132, 2) == 1         # fewer resident programs than rows: no barrier at all
+
+
+def test_resident_grid_asks_the_driver_until_the_grid_fits(monkeypatch):
+    """_resident_grid compiles each candidate grid (warmup, no launch) and shrinks it while the driver's
+    occupancy of that build says its programs do not all fit (here, on 8 SMs: 3 per SM at 512-page tiles,
+    1 at larger ones)."""
+    asked = []
+
+    class Kernel:
+        @staticmethod
+        def warmup(*args, grid, **consts):
+            asked.append(grid[1])
+            return consts
+
+    monkeypatch.setattr(selected_indices, "_select_kernel", Kernel)
+    monkeypatch.setattr(selected_indices, "resident_blocks", lambda consts: 3 if consts["BLOCK"] <= 512 else 1)
+
+    def grid(parts):
+        return (), dict(BLOCK=selection_tile(8256, parts, 4), SYNC=parts > 1)
+
+    # 2 rows: 17 -> 12 (3 x 8 SMs / 2 rows; 1024-page tiles: 1 per SM) -> 4 (2048-page tiles, 1 per SM: fits)
+    assert selected_indices._resident_grid(grid, 2, 17, 8, {}) == 4
+    assert asked == [17, 12, 4]
+    assert selected_indices._resident_grid(grid, 32, 17, 8, {}) == 1   # fewer resident programs than rows
+    assert selected_indices._resident_grid(grid, 2, 1, 8, {}) == 1     # one program: never asked
+    assert asked == [17, 12, 4, 17]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, width, group", [(8, 8256, 4), (32, 8256, 4), (64, 8256, 4), (8, 65600, 4),
+                                                (2, 65600, 16), (2, 8256, 16)])
+def test_driver_confirms_the_selection_grids_resident_programs(rows, width, group, monkeypatch):
+    """On the GPU the driver's occupancy of each grid's build holds selection_parts' programs (Llama-3.1-8B
+    bs=1/4/8 at 128K, bs=1 1M; GLM-4-9B-1M 1M and 128K): the model did not overestimate."""
+    from sglang_locks.kernels._triton import resident_blocks
+
+    monkeypatch.setattr(selected_indices, "_RESIDENT_PARTS", {})
+    device = torch.device("cuda")
+    hkv = rows if group == 4 else 2
+    bsz = rows // hkv
+    scores = torch.zeros(bsz, hkv * group, width, device=device)
+    partials = torch.zeros(bsz, hkv * group, 16, device=device)
+    lens = torch.full((bsz,), width * 16, dtype=torch.int64, device=device)
+    table = torch.zeros(bsz, width * 16 + 16, dtype=torch.int32, device=device)
+    parts = selection_parts(rows, width, device, group)
+    seen = []
+    monkeypatch.setattr(selected_indices, "resident_blocks", lambda compiled: seen.append(resident_blocks(compiled))
+                        or seen[-1])
+    indptr = torch.arange(rows + 1, dtype=torch.int32, device=device) * 129
+    selected_indices_triton(scores, partials, partials, table, torch.arange(bsz, device=device), lens, indptr,
+                            torch.empty(rows * 129, dtype=torch.int32, device=device),
+                            torch.empty(rows, dtype=torch.int32, device=device), hkv, 1, 1, "mass", 128,
+                            SelectionState(rows, device))
+    torch.cuda.synchronize()
+    assert seen and seen[0] > 0 and rows * parts <= seen[0] * num_sms(device)
+    assert list(selected_indices._RESIDENT_PARTS.values()) == [parts]
+
+
+@pytest.mark.gpu
+def test_a_grid_the_driver_cannot_fit_is_launched_smaller_and_selects_the_same(monkeypatch):
+    """With the driver reporting one resident program per SM, a 2-row selection of 79 programs per row gets
+    sms // 2 (66 on the H200) and writes the same entries."""
+    seq_lens, hkv, group, budget = [16 * 40000 + 3, 16 * 7000], 1, 4, 2048
+    cfg = LocksConfig(token_budget=budget, sink_pages=1, local_pages=2)
+    c = random_cache(seq_lens, hkv, 64, device="cuda")
+    lens = c["seq_lens"].cpu().tolist()
+    scored = _scored(lens, hkv, group, seed=3, chunks=37)
+    monkeypatch.setattr(selected_indices, "_RESIDENT_PARTS", {})
+    _, want = _select(c, scored, hkv, cfg, SelectionState(2, "cuda"))
+    (usual,) = selected_indices._RESIDENT_PARTS.values()
+    monkeypatch.setattr(selected_indices, "_RESIDENT_PARTS", {})
+    monkeypatch.setattr(selected_indices, "resident_blocks", lambda compiled: 1)
+    _, got = _select(c, scored, hkv, cfg, SelectionState(2, "cuda"))
+    (fewer,) = selected_indices._RESIDENT_PARTS.values()
+    assert 1 < fewer < usual and 2 * fewer <= num_sms(torch.device("cuda"))
+    assert torch.equal(got, want)
 
 
 def test_selection_tile_covers_a_program_span_within_the_register_cap():

@@ -73,7 +73,7 @@ def attend_inputs(hkv: int, hq: int, bsz: int, inner: int, kernel: str = "flashi
 
 class ChainStep:
     """The LOCKS attention step of every layer of one shape on random inputs (pdl_ab.py, chain_profile.py,
-    select_grid_ab.py): requests of lens tokens on sequential slots, K/V of as many layers as fit in 40 GiB
+    select_ab.py): requests of lens tokens on sequential slots, K/V of as many layers as fit in 40 GiB
     and 8 sets of summaries (both rotated over the layers, so that they come from HBM), a CUDA-graph
     LocksDecode planned with score buffers max_pages wide (default: the longest request's). run() writes each
     layer's output into out, so out holds the last layer's."""
