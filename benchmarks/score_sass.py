@@ -53,8 +53,11 @@ def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_s
     names = fn.arg_names
     consts = dict(HKV=kv_heads, G=group, D=128, R=8, RP=8, PAGE=16, BLOCK_P=block_pages or module.BLOCK_PAGES, QUANT=True,
                   CVT=module.CONVERSIONS[conversion], BIG=False, IDOT=idot)
+    padded = triton.next_power_of_2(group)
+    if "GQ" in names:  # revisions that pad G to a power of two
+        consts["GQ"] = padded
     if "GP" in names:  # revisions whose launcher passes the dot's row count
-        consts["GP"] = max(16, 2 * group) if idot else 16
+        consts["GP"] = max(16, 2 * padded) if idot else 16
     if "TERMS" in names:
         consts["TERMS"] = module.TERMS[terms]
     if "RS" in names:  # ranks stored; an estimate launch uses the first 2 (the default prefilter rank)

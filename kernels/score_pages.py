@@ -22,7 +22,8 @@ conversions, which would cost more than reading the bytes (int_conversion="cast"
 keeps plain casts: 1.2-1.5x slower on the H200, so Triton does not keep the
 narrow bytes in shared memory for the dots either way). The padded query
 rows are zero, so summing the [16 // G, G] row blocks drops them before the
-exponentials. One program scores a chunk of pages of one (request, KV head)
+exponentials; a G that is not a power of two (Qwen2.5-7B: 7, -14B: 5) is
+padded with zero query rows to the next one, whose scores are not stored. One program scores a chunk of pages of one (request, KV head)
 in a loop (loads of the next block overlap the current one's math) and writes
 per query head the max and sum of exp over its chunk, so aggregate_scores can
 normalise per head without another pass over all scores.
@@ -180,17 +181,20 @@ def _operand(x, QUANT: tl.constexpr, CVT: tl.constexpr):
 
 
 @triton.jit
-def _int8_query_planes(q_base, stride_qh, G: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, scale_log2):
-    """Query heads as two int8 planes for integer tensor-core dots: rows [0, G) hold
-    q1 = round(q / s), rows [G, 2G) q2 = round((q / s - q1) * 254) (s = max|q| / 127 per
-    head), the rest zeros; q = s (q1 + q2 / 254) to 2^-16 of max|q|, finer than fp16.
+def _int8_query_planes(q_base, stride_qh, G: tl.constexpr, GQ: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr,
+                       scale_log2):
+    """Query heads as two int8 planes for integer tensor-core dots: rows [0, GQ) hold
+    q1 = round(q / s), rows [GQ, 2 GQ) q2 = round((q / s - q1) * 254) (s = max|q| / 127 per
+    head), the rest (and the rows of heads G..GQ, padding to a power of two) zeros; q = s (q1 + q2 / 254)
+    to 2^-16 of max|q|, finer than fp16.
     Returns (low half, high half) [GP, HALF] int8 and the row weights [GP] (scale_log2 folded in)."""
     g = tl.arange(0, GP)
-    plane = g // G
+    plane = g // GQ
     k = tl.arange(0, HALF)
-    ptr = q_base + (g % G)[:, None] * stride_qh + k[None, :]
-    lo = tl.load(ptr, mask=(plane < 2)[:, None], other=0.0).to(tl.float32)
-    hi = tl.load(ptr + HALF, mask=(plane < 2)[:, None], other=0.0).to(tl.float32)
+    ptr = q_base + (g % GQ)[:, None] * stride_qh + k[None, :]
+    live = ((plane < 2) & (g % GQ < G))[:, None]
+    lo = tl.load(ptr, mask=live, other=0.0).to(tl.float32)
+    hi = tl.load(ptr + HALF, mask=live, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(lo), 1), tl.max(tl.abs(hi), 1))
     s = tl.where(amax > 0, amax / 127.0, 1.0)
     lo = lo / s[:, None]
@@ -244,17 +248,18 @@ def _score_pages_kernel(
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, cand_pages_ptr, cand_slots_ptr, n_cand, est_ptr,
     scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
     max_pages, n_chunks, scale_log2,
-    HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RS: tl.constexpr, RP: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr, BIG: tl.constexpr,
-    IDOT: tl.constexpr, GP: tl.constexpr, TERMS: tl.constexpr,
+    HKV: tl.constexpr, G: tl.constexpr, GQ: tl.constexpr, D: tl.constexpr, R: tl.constexpr, RS: tl.constexpr,
+    RP: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr,
+    BIG: tl.constexpr, IDOT: tl.constexpr, GP: tl.constexpr, TERMS: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row // HKV
     h = row % HKV
     HALF: tl.constexpr = D // 2
-    FOLD: tl.constexpr = GP // G
-    # GP: query rows of a dot: G padded with zero rows to 16, or (IDOT) two int8 planes of G rows.
+    FOLD: tl.constexpr = GP // GQ
+    # GQ: the G query heads padded with zero rows to a power of two (their scores are not stored).
+    # GP: query rows of a dot: GQ padded with zero rows to 16, or (IDOT) two int8 planes of GQ rows.
     n_sealed = tl.minimum(tl.load(seq_lens_ptr + b) // PAGE, max_pages)
     table = req_to_token_ptr + tl.load(req_pool_ptr + b).to(tl.int64) * stride_rt
     # Items: the sealed pages, scores written at their logical page; or (candidates) the row's
@@ -276,18 +281,19 @@ def _score_pages_kernel(
 
     k = tl.arange(0, HALF)
     if IDOT:
-        q_lo, q_hi, q_weight = _int8_query_planes(q_ptr + b * stride_qb + h * G * stride_qh, stride_qh, G, GP, HALF,
-                                                  scale_log2)
+        q_lo, q_hi, q_weight = _int8_query_planes(q_ptr + b * stride_qb + h * G * stride_qh, stride_qh, G, GQ, GP,
+                                                  HALF, scale_log2)
     else:
         g = tl.arange(0, GP)
         q_base = q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + k[None, :]
         q_lo = _to_dot_dtype(tl.load(q_base, mask=(g < G)[:, None], other=0.0), CVT)
         q_hi = _to_dot_dtype(tl.load(q_base + HALF, mask=(g < G)[:, None], other=0.0), CVT)
 
-    gg = tl.arange(0, G)
+    gg = tl.arange(0, GQ)
+    real = gg < G
     out_rows = (b * HKV * G + h * G + gg).to(tl.int64)
-    run_m = tl.full((G,), float("-inf"), tl.float32)
-    run_s = tl.zeros((G,), tl.float32)
+    run_m = tl.full((GQ,), float("-inf"), tl.float32)
+    run_s = tl.zeros((GQ,), tl.float32)
     jp = tl.arange(0, BLOCK_P)
     n = tl.arange(0, BLOCK_P * RP)        # basis column (page j, rank r) = (n // RP, n % RP)
     e = tl.arange(0, RP * PAGE)           # a page's coefficients, r-major
@@ -327,7 +333,7 @@ def _score_pages_kernel(
             mu_lo = _operand(tl.load(mu_base), QUANT, CVT)
             mu_hi = _operand(tl.load(mu_base + HALF), QUANT, CVT)
             qmu = (tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)) * (mu_scale * scale_log2)[None, :]
-        qmu = tl.sum(tl.reshape(qmu, (FOLD, G, BLOCK_P)), 0)
+        qmu = tl.sum(tl.reshape(qmu, (FOLD, GQ, BLOCK_P)), 0)
 
         if R == 0:
             # q . mu + log 16 (log2 units): the page's score if its keys all sat on the centroid, and a
@@ -358,17 +364,17 @@ def _score_pages_kernel(
 
             # Each page's coefficients are one contiguous load.
             c_rows = tl.load(coef_ptr + rec[:, None] * (RS * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
-            s2 = _page_lse(proj, c_rows, G, GP, BLOCK_P, RP, PAGE, QUANT, CVT) + qmu
+            s2 = _page_lse(proj, c_rows, GQ, GP, BLOCK_P, RP, PAGE, QUANT, CVT) + qmu
         s2 = tl.where(valid[None, :], s2, float("-inf"))
-        tl.store(scores_ptr + out_rows[:, None] * width + p[None, :], s2 * LN2, mask=valid[None, :])
+        tl.store(scores_ptr + out_rows[:, None] * width + p[None, :], s2 * LN2, mask=real[:, None] & valid[None, :])
 
         bm = tl.maximum(run_m, tl.max(s2, 1))
         if TERMS == 2:
             # A candidate's mass replaces its estimate, which the estimate launch's partials counted:
             # these partials sum the differences (of either sign; each head's total stays positive).
             page = tl.load(cand_pages + p, mask=valid, other=0)
-            est = tl.load(est_ptr + out_rows[:, None] * max_pages + page[None, :], mask=valid[None, :],
-                          other=float("-inf")) * _LOG2E
+            est = tl.load(est_ptr + out_rows[:, None] * max_pages + page[None, :],
+                          mask=real[:, None] & valid[None, :], other=float("-inf")) * _LOG2E
             grow = tl.where(valid[None, :], tl.exp2(s2 - bm[:, None]) - tl.exp2(est - bm[:, None]), 0.0)
         else:
             grow = tl.exp2(s2 - bm[:, None])
@@ -376,8 +382,8 @@ def _score_pages_kernel(
         run_m = bm
 
     part = out_rows * part_stride + part_first + chunk
-    tl.store(part_max_ptr + part, run_m * LN2)
-    tl.store(part_sum_ptr + part, run_s)
+    tl.store(part_max_ptr + part, run_m * LN2, mask=real)
+    tl.store(part_sum_ptr + part, run_s, mask=real)
 
 
 BLOCK_PAGES = 16
@@ -393,7 +399,7 @@ def default_launch(group: int, integer_dots: bool) -> tuple:
     """(num_warps, num_stages, maxnreg) of the score kernel for G query heads per KV head."""
     if not integer_dots:
         return _FLOAT_LAUNCH
-    return _INT8_LAUNCH[max(16, 2 * group)]
+    return _INT8_LAUNCH[max(16, 2 * triton.next_power_of_2(group))]
 
 
 _PROGRAMS_PER_SM = 8
@@ -510,8 +516,8 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
     group = hq // hkv
-    if group > 16 or group & (group - 1):
-        raise ValueError(f"query heads per KV head must be a power of two <= 16, got {group}")
+    if not 1 <= group <= 16:
+        raise ValueError(f"query heads per KV head must be 1..16, got {group}")
     if terms not in TERMS:
         raise ValueError(f"terms must be one of {sorted(TERMS)}, got {terms!r}")
     if (terms == "candidates") != (candidates is not None) or (candidates is None) != (estimates is None):
@@ -549,9 +555,10 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         scores if estimates is None else estimates,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, G=group, D=d, R=used, RS=rank, RP=rank_p, PAGE=16, BLOCK_P=block_pages,
+        HKV=hkv, G=group, GQ=triton.next_power_of_2(group), D=d, R=used, RS=rank, RP=rank_p, PAGE=16,
+        BLOCK_P=block_pages,
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
-        IDOT=idot, GP=max(16, 2 * group) if idot else 16, TERMS=TERMS[terms],
+        IDOT=idot, GP=max(16, 2 * triton.next_power_of_2(group)) if idot else 16, TERMS=TERMS[terms],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
         num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p if used else 0, num_stages,
                                                           _shared_memory_per_block(q.device)),

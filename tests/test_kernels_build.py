@@ -26,7 +26,8 @@ for terms in ("full", "candidates", "estimate"):
 """
 
 
-@pytest.mark.parametrize("group, kv_heads, conversion", [(4, 8, "int8"), (4, 8, "ptx"), (16, 2, "ptx"), (16, 2, "cast")])
+@pytest.mark.parametrize("group, kv_heads, conversion", [(4, 8, "int8"), (4, 8, "ptx"), (16, 2, "ptx"), (16, 2, "cast"),
+                                                         (7, 4, "int8"), (5, 8, "ptx")])
 def test_score_kernel_builds_for_sm90(group, kv_heads, conversion):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = BUILD.format(benchmarks=BENCHMARKS, group=group, kv_heads=kv_heads, conversion=conversion)

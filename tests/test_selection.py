@@ -99,6 +99,7 @@ CASES = [  # seq_lens (mixed: over and under budget, tails, empty), KV heads, gr
     ([16 * 6000, 16 * 900 + 5, 16 * 300], 1, 4, 160),  # rows much shorter than the scores' width: small tiles
     pytest.param([16 * 40000 + 3, 16 * 7000], 2, 4, 2048, marks=pytest.mark.gpu),  # 640K tokens: slow on CPU
     ([0, 16 * 40, 5], 1, 16, 16 * 4),
+    ([16 * 300 + 1, 16 * 20], 2, 5, 160),     # 5 query heads per KV head (Qwen2.5-14B/32B)
 ]
 
 

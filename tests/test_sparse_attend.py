@@ -14,6 +14,7 @@ SHAPES = [  # seq_lens, KV heads, group, budget pages
     ([16 * 50 + 11], 1, 16, 40),
     ([9, 16 * 14 + 1, 16 * 20, 300], 2, 8, 8),
     ([16 * 26 + 15, 40], 2, 1, 10),
+    ([16 * 33 + 2, 16 * 4], 2, 7, 12),  # 7 query heads per KV head
 ]
 
 

@@ -35,6 +35,7 @@ from .summary_store import SealedPages, SummaryStore, attach_store, store_for_po
 logger = logging.getLogger(__name__)
 
 LOCKS_WORKSPACE_BYTES = 128 * 1024 * 1024
+MAX_GROUP = 16  # query heads per KV head that score_pages takes
 # Debug: count, every decode step, pages that would be scored from an invalid summary (see SummaryStore).
 CHECK_ENV = "SGLANG_LOCKS_CHECK_STALE"
 
@@ -49,6 +50,11 @@ def _unsupported(runner) -> Optional[str]:
         return "encoder-decoder models"
     if runner.kv_cache_dtype not in (torch.bfloat16, torch.float16):
         return f"KV cache dtype {runner.kv_cache_dtype} (bf16/fp16 only)"
+    tp = get_parallel().attn_tp_size
+    q_heads, kv_heads = mc.num_attention_heads // tp, mc.get_num_kv_heads(tp)
+    if q_heads % kv_heads or not 1 <= q_heads // kv_heads <= MAX_GROUP:
+        return (f"{q_heads} query heads on {kv_heads} KV heads per GPU (1..{MAX_GROUP} query heads per KV head, "
+                "which the score kernel holds in one tile)")
     return None
 
 
