@@ -100,15 +100,19 @@ def test_unsupported_combinations_fail_naming_the_flag(flags, named):
         parse("--enable-locks", *flags)
 
 
-@pytest.mark.parametrize("q_heads, kv_heads, tp, why", [
-    (28, 4, 1, None),                                   # Qwen2.5-7B: 7 query heads per KV head
-    (40, 8, 2, None),                                   # Qwen2.5-14B on two GPUs: 5
-    (71, 1, 1, "71 query heads on 1 KV heads per GPU"),  # Falcon-7B's multi-query attention
-    (64, 2, 1, "64 query heads on 2 KV heads per GPU"),
+@pytest.mark.parametrize("q_heads, kv_heads, tp, head_dim, why", [
+    (28, 4, 1, 128, None),                                   # Qwen2.5-7B: 7 query heads per KV head
+    (40, 8, 2, 128, None),                                   # Qwen2.5-14B on two GPUs: 5
+    (32, 8, 1, 64, None),                                    # Llama-3.2-1B's head_dim 64
+    (71, 1, 1, 64, "71 query heads on 1 KV heads per GPU"),  # Falcon-7B's multi-query attention
+    (64, 2, 1, 128, "64 query heads on 2 KV heads per GPU"),
+    (32, 32, 1, 96, "head_dim 96"),                          # Phi-3-mini
+    (32, 32, 1, 80, "head_dim 80"),
 ])
-def test_models_with_more_query_heads_per_kv_head_than_scored_are_rejected(q_heads, kv_heads, tp, why, monkeypatch):
-    """At model load (the backend's first check): the score kernel takes 1..16 query heads per KV head (any
-    count, padded to a power of two); more fail naming the heads, not deep in a kernel at the first decode."""
+def test_models_the_kernels_cannot_take_are_rejected_at_load(q_heads, kv_heads, tp, head_dim, why, monkeypatch):
+    """At model load (the backend's first check), naming what: the score kernel takes 1..16 query heads per KV
+    head (any count, padded to a power of two) and, like the summary build, head_dim / 2 a power of two; not a
+    failure deep in a kernel at the first decode."""
     from types import SimpleNamespace
 
     import torch
@@ -118,7 +122,7 @@ def test_models_with_more_query_heads_per_kv_head_than_scored_are_rejected(q_hea
 
     monkeypatch.setattr(ab, "get_parallel", lambda: SimpleNamespace(attn_tp_size=tp))
     mc = SimpleNamespace(num_attention_heads=q_heads, get_num_kv_heads=lambda t: max(1, kv_heads // t),
-                         is_encoder_decoder=False)
+                         head_dim=head_dim, is_encoder_decoder=False)
     runner = SimpleNamespace(model_config=mc, use_mla_backend=False, sliding_window_size=None,
                              kv_cache_dtype=torch.bfloat16)
     got = ab._unsupported(runner)

@@ -50,6 +50,9 @@ def _unsupported(runner) -> Optional[str]:
         return "encoder-decoder models"
     if runner.kv_cache_dtype not in (torch.bfloat16, torch.float16):
         return f"KV cache dtype {runner.kv_cache_dtype} (bf16/fp16 only)"
+    half = mc.head_dim // 2
+    if mc.head_dim % 2 or half < 16 or half & (half - 1):  # the score and summary kernels tile half a head
+        return f"head_dim {mc.head_dim} (head_dim / 2 must be a power of two >= 16: 32, 64, 128, 256, ...)"
     tp = get_parallel().attn_tp_size
     q_heads, kv_heads = mc.num_attention_heads // tp, mc.get_num_kv_heads(tp)
     if q_heads % kv_heads or not 1 <= q_heads // kv_heads <= MAX_GROUP:
