@@ -2,6 +2,7 @@
 
     python benchmarks/score_sass.py [--shape llama3.1-8b|glm4-9b-1m] [--int-conversion int8|ptx]
         [--num-warps 2] [--num-stages 3] [--maxnreg N] [--module PATH] [--lines 20]
+    python benchmarks/score_sass.py --gluon [--shape ...] [--lines 20]
 
 Triton's bundled ptxas and nvdisasm build and disassemble the kernel as the
 GPU would run it (pointer arguments 16-byte aligned, as Triton specialises
@@ -10,7 +11,10 @@ count of the page loop's body (one warp, one block of pages) by opcode and by
 source line. The kernel is instruction-issue bound on the H200
 (results/ncu_score_glm_789492d.txt), so the loop's instruction count is a
 first check of a change before it is timed there. --module: another
-revision's score_pages.py (git show REV:kernels/score_pages.py > FILE).
+revision's score_pages.py (git show REV:kernels/score_pages.py > FILE). --gluon: the Gluon kernel
+the launcher uses on the GPU (score_pages_gluon, at G = 16 score_pages_gluon_heads; one warp, one step
+of 2 * STEP_PAIRS pages). GLM-4-9B-1M at 9f093c7: 837 instructions a step, 105 per (page, KV head), 88
+of them MUFU (exponentials and logarithms).
 """
 
 import argparse
@@ -71,6 +75,29 @@ def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_s
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compile_gluon_kernel(group, kv_heads, index="*i32", heads_on_rows=None):
+    """The Gluon score kernel for sm_90 as the launcher builds it (int8-int4-int8, head_dim 128, rank 8):
+    score_pages_gluon, or at 16 query heads per KV head (heads_on_rows None: as the launcher picks)
+    score_pages_gluon_heads; seq_lens and request indices of type index."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from sglang_locks.kernels import score_pages_gluon as m, score_pages_gluon_heads as heads
+
+    heads_on_rows = group == 16 if heads_on_rows is None else heads_on_rows
+    fn = heads._score_pages_heads_kernel if heads_on_rows else m._score_pages_gluon_kernel
+    names = fn.arg_names
+    consts = dict(HKV=kv_heads, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, PDL=1, KEEP="evict_last",
+                  num_warps=1)
+    if not heads_on_rows:
+        consts.update(G=group, NC=max(8, 2 * group))
+    ptrs = dict(POINTERS, req_pool_ptr=index, seq_lens_ptr=index)
+    ptrs = {n: ptrs[n] for n in names if n in ptrs}
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "scale_log2" else "i32") for n in names}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ptrs})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+
+
 def loop_body(sass: str):
     """(source line, instruction) of the longest backward-branch loop."""
     body, labels, where = [], {}, None
@@ -107,20 +134,29 @@ def main():
     ap.add_argument("--block-pages", type=int, default=None, help="default: the module's BLOCK_PAGES")
     ap.add_argument("--module", help="a score_pages.py to compile instead of the installed one")
     ap.add_argument("--lines", type=int, default=20, help="source lines to list")
+    ap.add_argument("--gluon", action="store_true", help="the Gluon score kernel instead of the Triton one")
     args = ap.parse_args()
-    module = load_module(args.module)
     _, kv_heads, q_heads, _ = SHAPES[args.shape]
     group = q_heads // kv_heads
     conversion = args.int_conversion
-    if hasattr(module, "default_launch"):  # older revisions: 2 warps, 3 stages, no cap
-        warps, stages, maxnreg = module.default_launch(group, conversion == "int8")
+    if args.gluon:
+        from sglang_locks.kernels.score_pages_gluon import STEP_PAIRS
+
+        kernel = compile_gluon_kernel(group, kv_heads)
+        conversion, args.num_warps, args.num_stages, args.maxnreg = "gluon", 1, None, 0
+        args.block_pages = 2 * STEP_PAIRS
     else:
-        warps, stages, maxnreg = 2, 3, 0
-    args.num_warps = args.num_warps or warps
-    args.num_stages = args.num_stages or stages
-    args.maxnreg = maxnreg if args.maxnreg is None else args.maxnreg
-    kernel = compile_score_kernel(module, group, kv_heads, conversion, args.num_warps, args.num_stages,
-                                  args.maxnreg, args.block_pages)
+        module = load_module(args.module)
+        if hasattr(module, "default_launch"):  # older revisions: 2 warps, 3 stages, no cap
+            warps, stages, maxnreg = module.default_launch(group, conversion == "int8")
+        else:
+            warps, stages, maxnreg = 2, 3, 0
+        args.num_warps = args.num_warps or warps
+        args.num_stages = args.num_stages or stages
+        args.maxnreg = maxnreg if args.maxnreg is None else args.maxnreg
+        kernel = compile_score_kernel(module, group, kv_heads, conversion, args.num_warps, args.num_stages,
+                                      args.maxnreg, args.block_pages)
+        args.block_pages = args.block_pages or module.BLOCK_PAGES
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         with open(cubin, "wb") as f:
@@ -131,17 +167,26 @@ def main():
                               capture_output=True, text=True, check=True).stdout
     regs = re.search(r"REG:(\d+)", usage).group(1)
     loop = loop_body(sass)
-    pages = args.block_pages or module.BLOCK_PAGES
+    pages = args.block_pages
     print(f"{args.shape} G={group} {conversion} block_pages={pages} warps={args.num_warps} stages={args.num_stages}"
           f"{f' maxnreg={args.maxnreg}' if args.maxnreg else ''}: "
           f"{regs} registers, {kernel.metadata.shared} B shared; loop body {len(loop)} instructions per warp per "
           f"{pages} pages = {len(loop) * args.num_warps / pages:.0f} per (page, KV head)")
     print("  " + " ".join(f"{k}:{v}" for k, v in collections.Counter(opcode(i) for _, i in loop).most_common(16)))
     per_line = collections.Counter(w for w, _ in loop)
-    src = open(module.__file__).read().splitlines()
+    kernels = os.path.dirname(os.path.abspath(kernel_module_file(args)))
     for where, n in per_line.most_common(args.lines):
-        text = src[where[1] - 1].strip()[:80] if where and where[0] == os.path.basename(module.__file__) else str(where)
-        print(f"  {n:5d}  {where[1] if where else '-':>4}  {text}")
+        path = os.path.join(kernels, where[0]) if where else ""
+        text = open(path).read().splitlines()[where[1] - 1].strip()[:80] if os.path.exists(path) else str(where)
+        print(f"  {n:5d}  {where[0] if where else '-'}:{where[1] if where else '-'}  {text}")
+
+
+def kernel_module_file(args) -> str:
+    """The source file whose folder holds the compiled kernel's lines (the kernels folder, or --module's)."""
+    if args.module and not args.gluon:
+        return args.module
+    from sglang_locks.kernels import score_pages
+    return score_pages.__file__
 
 
 if __name__ == "__main__":

@@ -126,24 +126,10 @@ def test_selection_programs_fit_the_sm_as_resident_programs_says():
 
 
 GLUON_BUILD = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from sglang_locks.kernels import score_pages_gluon as m, score_pages_gluon_heads as heads
-group, index, heads_on_rows = {group}, {index!r}, {heads_on_rows}
-fn = heads._score_pages_heads_kernel if heads_on_rows else m._score_pages_gluon_kernel
-names = fn.arg_names
-consts = dict(HKV=8 if group <= 4 else 2, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, PDL=1,
-              KEEP="evict_last", num_warps=1)
-if not heads_on_rows:
-    consts.update(G=group, NC=max(8, 2 * group))
-ptrs = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8", coef_scale_ptr="*fp32",
-            req_to_token_ptr="*i32", req_pool_ptr=index, seq_lens_ptr=index, scores_ptr="*fp32", part_max_ptr="*fp32",
-            part_sum_ptr="*fp32")
-sig = {{n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "scale_log2" else "i32") for n in names}}
-src = GluonASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}},
-                     attrs={{(names.index(n),): [["tt.divisibility", 16]] for n in ptrs}})
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+import sys
+sys.path.insert(0, {benchmarks!r})
+import score_sass
+k = score_sass.compile_gluon_kernel({group}, 8 if {group} <= 4 else 2, {index!r}, {heads_on_rows})
 ptx = k.asm["ptx"]
 stores = [line for line in ptx.splitlines() if "st.global" in line]
 print("cp.async.cg.shared.global" in ptx, "m16n8k32" in ptx and ".s32.s8.s8.s32" in ptx, len(k.asm["cubin"]) > 0,
@@ -159,7 +145,7 @@ def test_gluon_score_kernel_builds_for_sm90(group, heads_on_rows, index):
     int64 seq_lens and request indices (which once made a shared-memory stage index int64, rejected by Gluon at
     CUDA-graph capture)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = GLUON_BUILD.format(group=group, index=index, heads_on_rows=heads_on_rows)
+    code = GLUON_BUILD.format(benchmarks=BENCHMARKS, group=group, index=index, heads_on_rows=heads_on_rows)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     # 16-byte cp.async staging, int8 mma, a cubin; programmatic dependent launch: it waits before any load and
