@@ -2,7 +2,7 @@
 
     python benchmarks/e2e_decode.py --out $OUT/e2e_decode.json [--only bench_one_batch|synthetic] [--dry-run]
 
-Three tools, all with dummy weights:
+Four tools, all with dummy weights:
 
 * ``bench_one_batch``: ``python -m sglang.bench_one_batch`` itself (prefill, then
   decode; median decode step), started after ``load_plugins()`` because
@@ -13,13 +13,23 @@ Three tools, all with dummy weights:
   (``req.prefix_indices``, the way a radix-cache hit arrives) whose KV pages
   and summaries are filled with random values; only the last 16 tokens are
   prefilled. Its 128K rows are there to compare with bench_one_batch's.
+* ``interleaved``: the synthetic tool in one ``--enable-locks`` process whose
+  decode steps alternate between LOCKS and FlashInfer's own dense decode (the
+  plugin's DENSE graph variant, forced per step through the backend's
+  ``min_step_tokens``): ``fullkv_ms`` is the median of the dense steps. Both
+  sides share one process, memory layout and machine state, so their ratio
+  does not carry the 2-5 % (machines: more) by which separate processes'
+  steps move. The dense steps are stock SGLang's decode but for LOCKS's
+  per-step host bookkeeping and its summary builds at decode seals (one step
+  in 16 per request, which the median skips): compare with ``synthetic``'s
+  FullKV on the same machine before reading it as FullKV.
 * ``bench_serving``: ``python -m sglang.bench_serving`` (random token ids,
   ``--max-concurrency`` = batch, one warm-up request) against
   ``sglang.launch_server``: what a user of the server sees, the overlap
   scheduler included, which hides host work behind the GPU (the two tools
   above wait for each step). Its times are the median inter-token latency.
 
-Each (model, mode, batch) runs in its own process; rows with a failure carry
+Each (model, mode, batch) runs in its own process (interleaved: one process for both); rows with a failure carry
 ``error``. Output: header ``gpu``, ``git``, ``date``, ``command``; ``rows`` with
 ``shape``, ``batch``, ``context``, ``budget``, ``fullkv_ms``, ``locks_ms``,
 ``speedup`` (median decode step), ``fullkv_mean_ms``, ``locks_mean_ms``,
@@ -61,6 +71,9 @@ PLAN = [
     ("synthetic", "llama8b", 4, [32 * K, 128 * K]),
     # 1M - 1K: the server's --context-length (context + HEADROOM) may not pass GLM's 1M positions.
     ("synthetic", "glm4-9b-1m", 1, [32 * K, 64 * K, 128 * K, 256 * K, 512 * K, 1023 * K]),
+    ("interleaved", "llama8b", 1, [128 * K, 256 * K]),
+    ("interleaved", "llama8b", 4, [128 * K]),
+    ("interleaved", "glm4-9b-1m", 1, [1023 * K]),
     ("bench_serving", "llama8b", 1, [32 * K, 128 * K, 256 * K]),
     ("bench_serving", "llama8b", 4, [32 * K]),
 ]
@@ -90,8 +103,9 @@ def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget
                 "--batch-size", str(batch), "--input-len", *map(str, contexts), "--output-len", str(OUTPUT_LEN),
                 "--run-name", mode, "--result-filename", result]
     profile = ["--profile-dir", profile_dir, "--profile-tag", f"{shape}_bs{batch}_{max(contexts)}_{mode}"] if profile_dir else []
+    interleave = ["--interleave"] if tool == "interleaved" else []
     return [sys.executable, os.path.abspath(__file__), "--synthetic-worker", "--result", result,
-            "--batch", str(batch), "--contexts", ",".join(map(str, contexts)), *profile, "--", *flags]
+            "--batch", str(batch), "--contexts", ",".join(map(str, contexts)), *profile, *interleave, "--", *flags]
 
 
 def full_vocab_model(shape: str, folder: str) -> str:
@@ -191,17 +205,17 @@ def _server_log(out) -> str:
     return out.read()
 
 
-def read_step_times(result: str) -> dict:
+def read_step_times(result: str, prefix: str = "") -> dict:
     """context -> (median, mean) decode ms/step from bench_one_batch's jsonl (no mean there: None)
-    or the synthetic worker's."""
+    or the synthetic worker's; prefix "dense_": an interleaved worker's dense steps."""
     out = {}
     if not os.path.exists(result):
         return out
     with open(result) as f:
         for line in f:
             r = json.loads(line)
-            mean = r.get("mean_decode_latency")
-            out[int(r["input_len"])] = (1000 * float(r["median_decode_latency"]),
+            mean = r.get(prefix + "mean_decode_latency")
+            out[int(r["input_len"])] = (1000 * float(r[prefix + "median_decode_latency"]),
                                         None if mean is None else 1000 * float(mean))
     return out
 
@@ -280,7 +294,8 @@ def _run_cases(args, save, scratch: str) -> list:
         times, errors = {}, {}
         if tool == "bench_serving":
             model = full_vocab_model(shape, os.path.join(scratch, shape))
-        for mode in ("fullkv", "locks"):
+        # interleaved: one LOCKS process measures both sides
+        for mode in ("locks",) if tool == "interleaved" else ("fullkv", "locks"):
             with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
                 result = f.name
             os.unlink(result)
@@ -294,7 +309,7 @@ def _run_cases(args, save, scratch: str) -> list:
                               args.log_dir if args.profile else None, locks_args)
                 print("e2e_decode:", " ".join(cmd), flush=True)
             if args.dry_run:
-                times[mode] = {}
+                times[mode] = times["fullkv"] = {}
                 continue
             t0 = time.time()
             if tool == "bench_serving":
@@ -308,6 +323,8 @@ def _run_cases(args, save, scratch: str) -> list:
                 with open(os.path.join(args.log_dir, name), "w") as f:
                     f.write(log)
             times[mode] = read_step_times(result)
+            if tool == "interleaved":
+                times["fullkv"] = read_step_times(result, "dense_")
             if returncode:
                 errors[mode] = f"exit {returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}"
             print(f"e2e_decode: {tool} {shape} bs={batch} {mode}: {times[mode]} ({time.time() - t0:.0f} s)",
@@ -358,24 +375,51 @@ def synthetic_worker(args, sglang_argv) -> None:
             req.prefix_indices = slots.to(torch.int64)
             req.set_extend_range(prefix, context)
         next_ids, _, batch = runner.extend(reqs)
-        steps = []
-        for _ in range(OUTPUT_LEN):
+        state = {"ids": next_ids}
+
+        def step():
             runner.synchronize()
             t0 = time.perf_counter()
-            next_ids, _ = runner.decode(next_ids, batch)
+            state["ids"], _ = runner.decode(state["ids"], batch)
             runner.synchronize()
-            steps.append(time.perf_counter() - t0)
-        # The first steps include one-off work. The mean counts the steps that summarise pages
-        # sealed by decode (one in 16 per request), which the median skips.
-        median, mean = statistics.median(steps[3:]), statistics.mean(steps[3:])
-        print(f"synthetic: batch {args.batch} context {context}: median decode {1000 * median:.3f} ms, "
-              f"mean {1000 * mean:.3f} ms, max {1000 * max(steps[3:]):.3f} ms", flush=True)
+            return time.perf_counter() - t0
+
+        if args.interleave:
+            steps = alternate_variants(mr.attn_backend, step, OUTPUT_LEN)
+        else:
+            steps = {"": [step() for _ in range(OUTPUT_LEN)]}
+        next_ids = state["ids"]
+        record = dict(batch_size=args.batch, input_len=context)
+        for prefix, times in steps.items():
+            # The first steps include one-off work. The mean counts the steps that summarise pages
+            # sealed by decode (one in 16 per request), which the median skips.
+            median, mean = statistics.median(times[3:]), statistics.mean(times[3:])
+            print(f"synthetic: batch {args.batch} context {context}: {prefix}median decode {1000 * median:.3f} ms, "
+                  f"mean {1000 * mean:.3f} ms, max {1000 * max(times[3:]):.3f} ms", flush=True)
+            record.update({prefix + "median_decode_latency": median, prefix + "mean_decode_latency": mean})
         with open(args.result, "a") as f:
-            f.write(json.dumps(dict(batch_size=args.batch, input_len=context, median_decode_latency=median,
-                                    mean_decode_latency=mean)) + "\n")
+            f.write(json.dumps(record) + "\n")
         if args.profile_dir:
             profile_steps(runner, next_ids, batch, os.path.join(
                 args.profile_dir, f"profile_{args.profile_tag}_{context}.txt"))
+
+
+def alternate_variants(backend, step, steps_each: int) -> dict:
+    """Decode steps alternating LOCKS and the dense variant (the backend's min_step_tokens forcing each),
+    steps_each of each: {"": LOCKS step times, "dense_": dense step times}. Both variants' graphs must have
+    been captured (min_step_tokens > 0 at start-up)."""
+    if getattr(backend, "graph_variants", None) is None or len(backend.graph_variants()) != 2:
+        raise ValueError("interleaved needs --enable-locks with both decode graph variants (--locks-min-step-tokens > 0)")
+    keep = backend.min_step_tokens
+    times = {"": [], "dense_": []}
+    try:
+        for i in range(2 * steps_each):
+            prefix = "dense_" if i % 2 else ""
+            backend.min_step_tokens = 1 << 62 if prefix else 0
+            times[prefix].append(step())
+    finally:
+        backend.min_step_tokens = keep
+    return times
 
 
 def profile_steps(runner, next_ids, batch, path: str, steps: int = 8) -> None:
@@ -424,7 +468,7 @@ def main(argv=None) -> int:
         argv, sglang_argv = argv[:at], argv[at + 1:]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="e2e_decode.json")
-    p.add_argument("--only", choices=["bench_one_batch", "synthetic"])
+    p.add_argument("--only", choices=["bench_one_batch", "synthetic", "interleaved", "bench_serving"])
     p.add_argument("--case", action="append", help="TOOL:SHAPE:BATCH[:CONTEXTS], e.g. bench_one_batch:llama8b:1:131072 "
                    "(repeatable, each case its own server processes; contexts: a comma-separated subset of the "
                    "plan's; default: the whole plan, ~20 min)")
@@ -441,6 +485,7 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", help=argparse.SUPPRESS)
     p.add_argument("--profile-dir", help=argparse.SUPPRESS)
     p.add_argument("--profile-tag", default="", help=argparse.SUPPRESS)
+    p.add_argument("--interleave", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.profile and not args.log_dir:
         p.error("--profile writes into --log-dir")

@@ -1,7 +1,10 @@
 """benchmarks/e2e_decode.py's summary of repeated cases (CPU: the rows are given, no SGLang process runs)."""
 
+import json
 import os
 import sys
+
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import e2e_decode as e2e  # noqa: E402
@@ -29,3 +32,48 @@ def test_failed_samples_and_other_locks_flags_are_kept_apart():
             dict(_row(131072, 9.4, 5.9), locks_args="--locks-prefilter 8")]
     (s,) = e2e.summarize(rows)
     assert s["samples"] == 2 and s["locks_args"] == "" and s["locks_ms"] == (6.2 + 6.3) / 2
+
+
+class _Backend:
+    """The LOCKS backend's part that alternate_variants drives: a step's variant follows min_step_tokens."""
+
+    def __init__(self, variants=("locks", "dense")):
+        self.min_step_tokens = 32768
+        self.variants = variants
+
+    def graph_variants(self):
+        return self.variants
+
+    def variant(self, tokens=131072):
+        return "dense" if tokens < self.min_step_tokens else "locks"
+
+
+def test_interleaved_steps_alternate_the_variants_and_restore_the_threshold():
+    backend = _Backend()
+    seen = []
+
+    def step():
+        seen.append(backend.variant())
+        return {"locks": 6.0, "dense": 9.0}[seen[-1]] + len(seen) / 1000
+
+    times = e2e.alternate_variants(backend, step, 4)
+    assert seen == ["locks", "dense"] * 4
+    assert [round(t) for t in times[""]] == [6] * 4 and [round(t) for t in times["dense_"]] == [9] * 4
+    assert backend.min_step_tokens == 32768
+    with pytest.raises(ValueError, match="both decode graph variants"):
+        e2e.alternate_variants(_Backend(("locks",)), step, 1)
+
+
+def test_an_interleaved_case_is_one_locks_process_whose_dense_steps_are_the_fullkv_side(tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert e2e.main(["--dry-run", "--case", "interleaved:llama8b:1:131072", "--out", str(out)]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("e2e_decode: ")
+                and "--synthetic-worker" in line]
+    assert len(commands) == 1 and "--interleave" in commands[0] and "--enable-locks" in commands[0]
+    result = tmp_path / "r.jsonl"
+    result.write_text(json.dumps(dict(batch_size=1, input_len=131072, median_decode_latency=0.0062,
+                                      mean_decode_latency=0.0063, dense_median_decode_latency=0.0095,
+                                      dense_mean_decode_latency=0.0096)) + "\n")
+    locks, dense = e2e.read_step_times(str(result)), e2e.read_step_times(str(result), "dense_")
+    (row,) = e2e.merge_rows("interleaved", "llama8b", 1, [131072], 2048, dense, locks, {})
+    assert (row["fullkv_ms"], row["locks_ms"], row["speedup"]) == (9.5, 6.2, round(9.5 / 6.2, 3))
