@@ -409,7 +409,8 @@ def alternate_variants(backend, step, steps_each: int) -> dict:
     steps_each of each: {"": LOCKS step times, "dense_": dense step times}. Both variants' graphs must have
     been captured (min_step_tokens > 0 at start-up)."""
     if getattr(backend, "graph_variants", None) is None or len(backend.graph_variants()) != 2:
-        raise ValueError("interleaved needs --enable-locks with both decode graph variants (--locks-min-step-tokens > 0)")
+        raise ValueError("interleaved needs --enable-locks with both decode graph variants "
+                         "(--locks-min-step-tokens > 0)")
     keep = backend.min_step_tokens
     times = {"": [], "dense_": []}
     try:

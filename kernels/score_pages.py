@@ -23,9 +23,10 @@ keeps plain casts: 1.2-1.5x slower on the H200, so Triton does not keep the
 narrow bytes in shared memory for the dots either way). The padded query
 rows are zero, so summing the [16 // G, G] row blocks drops them before the
 exponentials; a G that is not a power of two (Qwen2.5-7B: 7, -14B: 5) is
-padded with zero query rows to the next one, whose scores are not stored. One program scores a chunk of pages of one (request, KV head)
-in a loop (loads of the next block overlap the current one's math) and writes
-per query head the max and sum of exp over its chunk, so aggregate_scores can
+padded with zero query rows to the next one, whose scores are not stored.
+One program scores a chunk of pages of one (request, KV head) in a loop
+(loads of the next block overlap the current one's math) and writes per
+query head the max and sum of exp over its chunk, so aggregate_scores can
 normalise per head without another pass over all scores.
 """
 

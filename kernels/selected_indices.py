@@ -35,7 +35,8 @@ for each other on a counter (spin): selection_parts caps the grid so that all
 its programs are resident at once, which is what keeps the wait from
 deadlocking, and before a grid's first launch the CUDA driver's occupancy of
 the kernel it compiles to confirms it (_resident_grid: fewer programs where
-another GPU or compiler gives it more registers than resident_programs models). The last program of a row to finish clears its histogram and
+another GPU or compiler gives it more registers than resident_programs
+models). The last program of a row to finish clears its histogram and
 counter for the next launch. Triton's interpreter (CPU CI) runs programs one
 after the other, so there the phases are launches of their own.
 
@@ -469,6 +470,7 @@ def resident_parts(rows: int, parts: int, sms: int, per_sm: int) -> int:
     if per_sm == 0 or rows * parts <= per_sm * sms:
         return parts
     return max(1, min(parts - 1, per_sm * sms // rows))
+
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
                             last_page_len, num_kv_heads, sink_pages, local_pages, mode, budget_pages,
