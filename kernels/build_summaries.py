@@ -182,14 +182,23 @@ def _layer_offsets(key_buffers: Sequence[torch.Tensor]) -> torch.Tensor:
     return _OFFSETS[key]
 
 
+def head_dim_reason(head_dim: int) -> Optional[str]:
+    """Why the summary and score kernels cannot take head_dim (they tile half a head: a power of two >= 16),
+    or None."""
+    half = head_dim // 2
+    if head_dim % 2 or half < 16 or half & (half - 1):
+        return f"head_dim {head_dim} (head_dim / 2 must be a power of two >= 16: 32, 64, 128, 256, ...)"
+    return None
+
+
 def unsupported_reason(summaries, key_buffers: Sequence[torch.Tensor]) -> Optional[str]:
     """Why build_summaries_triton cannot summarise from these key buffers, or None: the kernel
     tiles half a head (head_dim / 2 a power of two >= 16), rank <= 16, and every layer's buffer
     is [tokens, H_kv, head_dim] with contiguous heads, one dtype and one set of strides."""
     k0 = key_buffers[0]
-    half = k0.shape[-1] // 2
-    if k0.shape[-1] % 2 or half < 16 or half & (half - 1):
-        return f"head_dim {k0.shape[-1]}: head_dim / 2 must be a power of two >= 16"
+    reason = head_dim_reason(k0.shape[-1])
+    if reason:
+        return reason
     if summaries.rank > 16:
         return f"rank {summaries.rank} > 16"
     if k0.dim() != 3 or k0.stride(2) != 1 or k0.stride(1) != k0.shape[2]:

@@ -388,6 +388,7 @@ def _score_pages_kernel(
 
 
 BLOCK_PAGES = 16
+MAX_GROUP = 16  # query heads per KV head: padded to a power of two, within one 16-row tile
 # (num_warps, num_stages, maxnreg; 0: the compiler's choice): the fastest of the H200 sweep
 # (benchmarks/score_sweep.py -> results/score_sweep.json) for integer dots at G = 4 (Llama 128K,
 # 28.6 us/layer vs 33.2 us uncapped) and G = 16 (GLM 1M, 71.7 vs 73.1 us); float summaries keep
@@ -517,8 +518,9 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     bsz, hq, d = q.shape
     hkv, rank = summaries.num_kv_heads, summaries.rank
     group = hq // hkv
-    if not 1 <= group <= 16:
-        raise ValueError(f"query heads per KV head must be 1..16, got {group}")
+    if not 1 <= group <= MAX_GROUP:
+        raise ValueError(f"query heads per KV head must be 1..{MAX_GROUP}, got {group}")
+    padded = triton.next_power_of_2(group)
     if terms not in TERMS:
         raise ValueError(f"terms must be one of {sorted(TERMS)}, got {terms!r}")
     if (terms == "candidates") != (candidates is not None) or (candidates is None) != (estimates is None):
@@ -556,10 +558,10 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
         scores if estimates is None else estimates,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, G=group, GQ=triton.next_power_of_2(group), D=d, R=used, RS=rank, RP=rank_p, PAGE=16,
+        HKV=hkv, G=group, GQ=padded, D=d, R=used, RS=rank, RP=rank_p, PAGE=16,
         BLOCK_P=block_pages,
         QUANT=summaries.quantized, CVT=0 if interpreted() else CONVERSIONS[int_conversion],
-        IDOT=idot, GP=max(16, 2 * triton.next_power_of_2(group)) if idot else 16, TERMS=TERMS[terms],
+        IDOT=idot, GP=max(16, 2 * padded) if idot else 16, TERMS=TERMS[terms],
         BIG=summaries.basis.numel() >= 2**31,  # 64-bit offsets only where 32 bits would overflow
         num_warps=num_warps, num_stages=pipeline_stages(summaries, block_pages, rank_p if used else 0, num_stages,
                                                           _shared_memory_per_block(q.device)),

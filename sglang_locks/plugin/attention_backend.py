@@ -28,6 +28,8 @@ from sglang.srt.runtime_context import get_parallel
 
 from ..config import PAGE_SIZE, LocksConfig
 from ..decode import LocksDecode
+from ..kernels.build_summaries import head_dim_reason
+from ..kernels.score_pages import MAX_GROUP
 from ..scoring import candidate_buffer
 from .graph_variants import DENSE, LOCKS, default_min_step_tokens, step_variant
 from .summary_store import SealedPages, SummaryStore, attach_store, store_for_pool
@@ -35,7 +37,6 @@ from .summary_store import SealedPages, SummaryStore, attach_store, store_for_po
 logger = logging.getLogger(__name__)
 
 LOCKS_WORKSPACE_BYTES = 128 * 1024 * 1024
-MAX_GROUP = 16  # query heads per KV head that score_pages takes
 # Debug: count, every decode step, pages that would be scored from an invalid summary (see SummaryStore).
 CHECK_ENV = "SGLANG_LOCKS_CHECK_STALE"
 
@@ -50,9 +51,9 @@ def _unsupported(runner) -> Optional[str]:
         return "encoder-decoder models"
     if runner.kv_cache_dtype not in (torch.bfloat16, torch.float16):
         return f"KV cache dtype {runner.kv_cache_dtype} (bf16/fp16 only)"
-    half = mc.head_dim // 2
-    if mc.head_dim % 2 or half < 16 or half & (half - 1):  # the score and summary kernels tile half a head
-        return f"head_dim {mc.head_dim} (head_dim / 2 must be a power of two >= 16: 32, 64, 128, 256, ...)"
+    reason = head_dim_reason(mc.head_dim)
+    if reason:
+        return reason
     tp = get_parallel().attn_tp_size
     q_heads, kv_heads = mc.num_attention_heads // tp, mc.get_num_kv_heads(tp)
     if q_heads % kv_heads or not 1 <= q_heads // kv_heads <= MAX_GROUP:
