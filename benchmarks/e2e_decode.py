@@ -14,9 +14,10 @@ Four tools, all with dummy weights:
   and summaries are filled with random values; only the last 16 tokens are
   prefilled. Its 128K rows are there to compare with bench_one_batch's.
 * ``interleaved``: the synthetic tool in one ``--enable-locks`` process whose
-  decode steps alternate between LOCKS and FlashInfer's own dense decode (the
-  plugin's DENSE graph variant, forced per step through the backend's
-  ``min_step_tokens``): ``fullkv_ms`` is the median of the dense steps. Both
+  decode steps alternate, in blocks of 8, between LOCKS and FlashInfer's own
+  dense decode (the plugin's DENSE graph variant, forced per step through the
+  backend's ``min_step_tokens``): ``fullkv_ms`` is the median of the dense
+  steps; the worker's result keeps every step's time (``step_ms``). Both
   sides share one process, memory layout and machine state, so their ratio
   does not carry the 2-5 % (machines: more) by which separate processes'
   steps move. The dense steps are stock SGLang's decode but for LOCKS's
@@ -78,6 +79,9 @@ PLAN = [
     ("bench_serving", "llama8b", 4, [32 * K]),
 ]
 OUTPUT_LEN = 32
+# interleaved: steps of one variant in a row. Alternating every step measured LOCKS's steps 3-10 % slower
+# than a LOCKS-only process on the same H200 (dense steps: within 3 % of FullKV's), session 23.
+INTERLEAVE_BLOCK = 8
 SERVING_OUTPUT_LEN = 128  # tokens per request: inter-token latencies to take the median of
 SERVER_PORT = 30021
 HEADROOM = 1024  # --context-length beyond the longest context: the decoded tokens
@@ -396,26 +400,30 @@ def synthetic_worker(args, sglang_argv) -> None:
             median, mean = statistics.median(times[3:]), statistics.mean(times[3:])
             print(f"synthetic: batch {args.batch} context {context}: {prefix}median decode {1000 * median:.3f} ms, "
                   f"mean {1000 * mean:.3f} ms, max {1000 * max(times[3:]):.3f} ms", flush=True)
-            record.update({prefix + "median_decode_latency": median, prefix + "mean_decode_latency": mean})
+            record.update({prefix + "median_decode_latency": median, prefix + "mean_decode_latency": mean,
+                           prefix + "step_ms": [round(1000 * t, 4) for t in times]})
         with open(args.result, "a") as f:
             f.write(json.dumps(record) + "\n")
+        print("synthetic: steps", json.dumps(record), flush=True)
         if args.profile_dir:
             profile_steps(runner, next_ids, batch, os.path.join(
                 args.profile_dir, f"profile_{args.profile_tag}_{context}.txt"))
 
 
-def alternate_variants(backend, step, steps_each: int) -> dict:
-    """Decode steps alternating LOCKS and the dense variant (the backend's min_step_tokens forcing each),
-    steps_each of each: {"": LOCKS step times, "dense_": dense step times}. Both variants' graphs must have
-    been captured (min_step_tokens > 0 at start-up)."""
+def alternate_variants(backend, step, steps_each: int, block: int = INTERLEAVE_BLOCK) -> dict:
+    """Decode steps alternating LOCKS and the dense variant in blocks of `block` steps (the backend's
+    min_step_tokens forcing each), steps_each of each: {"": LOCKS step times, "dense_": dense step times}.
+    Both variants' graphs must have been captured (min_step_tokens > 0 at start-up)."""
     if getattr(backend, "graph_variants", None) is None or len(backend.graph_variants()) != 2:
         raise ValueError("interleaved needs --enable-locks with both decode graph variants "
                          "(--locks-min-step-tokens > 0)")
+    if steps_each % block:
+        raise ValueError(f"steps_each ({steps_each}) must be a multiple of the block ({block})")
     keep = backend.min_step_tokens
     times = {"": [], "dense_": []}
     try:
         for i in range(2 * steps_each):
-            prefix = "dense_" if i % 2 else ""
+            prefix = "dense_" if i // block % 2 else ""
             backend.min_step_tokens = 1 << 62 if prefix else 0
             times[prefix].append(step())
     finally:

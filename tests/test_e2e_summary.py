@@ -56,10 +56,12 @@ def test_interleaved_steps_alternate_the_variants_and_restore_the_threshold():
         seen.append(backend.variant())
         return {"locks": 6.0, "dense": 9.0}[seen[-1]] + len(seen) / 1000
 
-    times = e2e.alternate_variants(backend, step, 4)
-    assert seen == ["locks", "dense"] * 4
+    times = e2e.alternate_variants(backend, step, 4, block=2)
+    assert seen == ["locks", "locks", "dense", "dense"] * 2
     assert [round(t) for t in times[""]] == [6] * 4 and [round(t) for t in times["dense_"]] == [9] * 4
     assert backend.min_step_tokens == 32768
+    with pytest.raises(ValueError, match="multiple of the block"):
+        e2e.alternate_variants(backend, step, 4, block=3)
     with pytest.raises(ValueError, match="both decode graph variants"):
         e2e.alternate_variants(_Backend(("locks",)), step, 1)
 
