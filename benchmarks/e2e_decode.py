@@ -21,9 +21,12 @@ Four tools, all with dummy weights:
   sides share one process, memory layout and machine state, so their ratio
   does not carry the 2-5 % (machines: more) by which separate processes'
   steps move. The dense steps are stock SGLang's decode but for LOCKS's
-  per-step host bookkeeping and its summary builds at decode seals (one step
-  in 16 per request, which the median skips): compare with ``synthetic``'s
-  FullKV on the same machine before reading it as FullKV.
+  per-step host bookkeeping. A decode seal's summary build runs at the start
+  of the step after it, every 16th step, which with blocks of 8 and the
+  plan's contexts (multiples of 16) is always a LOCKS step: the medians skip
+  those steps, but the LOCKS mean counts them twice as often as a LOCKS-only
+  process does. Measured on one H200 (session
+  23), both medians came within 1.2 % of ``synthetic``'s separate processes.
 * ``bench_serving``: ``python -m sglang.bench_serving`` (random token ids,
   ``--max-concurrency`` = batch, one warm-up request) against
   ``sglang.launch_server``: what a user of the server sees, the overlap

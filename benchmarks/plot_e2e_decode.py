@@ -22,7 +22,7 @@ def main(path="benchmarks/results/e2e_decode.json", out="benchmarks/results/e2e_
     label = "--enable-locks" + (f" {extra[0]}" if len(extra) == 1 and extra[0] else "")
     ax.bar([i + w / 2 for i in x], [r["locks_ms"] for r in rows], w, label=label, color="#27ae60")
     for i, r in zip(x, rows):
-        ax.text(i + w / 2, r["locks_ms"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.text(i + w / 2, r["locks_ms"], f"{r['speedup']:.3f}x", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, labels, fontsize=6)
     ax.set_ylabel("decode ms per token (median step; bench_serving: inter-token latency)", fontsize=8)
     ax.set_title(f"{d['gpu']}, budget {rows[0]['budget'] if rows else '-'}, {d['date'][:10]} "

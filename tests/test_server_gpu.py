@@ -2,7 +2,7 @@
 
     source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz
     pip install --no-deps --no-build-isolation -e .
-    python -m pytest -q -rs tests/test_server_gpu.py          # LOCKS_GPU_TP=2: both servers on 2 GPUs
+    python -m pytest -q -rs tests/test_server_gpu.py          # LOCKS_GPU_TP=2: both servers on 2 GPUs; LOCKS_GPU_MODEL=DIR: another model
 
 Two servers (about a minute each to start): stock FlashInfer (page size 16)
 and --enable-locks --locks-token-budget 2048 with a 40K context, whose decode
