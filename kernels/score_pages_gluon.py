@@ -302,7 +302,8 @@ def _score_pages_gluon_kernel(
     # the layout of the basis product's two planes once split (columns 2 head + plane)
     spl: gl.constexpr = gl.split(gl.reshape(gl.zeros([PAIRS, 16, NC], gl.int32, mma3), [PAIRS, 16, GH, 2]))[0].type.layout
     wh = gl.convert_layout(gl.max(gl.reshape(s1, [GH, 2]), 1), gl.SliceLayout(0, gl.SliceLayout(0, spl)))
-    w3 = gl.expand_dims(gl.expand_dims(wh * (scale_log2 / 254.0), 0), 0)   # [1, 1, GH]: head weight
+    # head weight [1, 1, GH]; 1/16: the basis's int4 values sit in the top nibble of their bytes (16 x)
+    w3 = gl.expand_dims(gl.expand_dims(wh * (scale_log2 / (254.0 * 16.0)), 0), 0)
     s = gl.expand_dims(s1, 0)
     lo = lo / s
     hi = hi / s
@@ -334,7 +335,7 @@ def _score_pages_gluon_kernel(
                                       D, PAGE, STAGES, num_warps)
 
         vb = smem_v.index(st).reshape([PAIRS, 16, HALF]).load(a8)
-        cs = gl.expand_dims(smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(2, spl)), 2) * 0.0625
+        cs = gl.expand_dims(smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(2, spl)), 2)
         c = smem_c.index(st).reshape([PAIRS, 16, PAGE]).permute([0, 2, 1]).load(a16)
         mu = smem_m.index(st)
         mu_lo = mu.slice(0, HALF, 1).load(a8m)

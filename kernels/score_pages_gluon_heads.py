@@ -29,11 +29,15 @@ from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_
 
 
 @gluon.jit
-def _log2_mass(local, axis: gl.constexpr):
-    """log2 of the sum of exp2(local) along axis (a page's keys), at most 127: a term past 2^128 makes the sum inf,
-    clamped once per page instead of each term before its exponential (an instruction per key; with one query
-    plane, 44.3 -> 40.3 us at GLM-4-9B-1M 1M, results/score_copy_ab_s19.json)."""
-    return gl.minimum(_lg2(gl.sum(gl.exp2(local), axis)), 127.0)
+def _log2_mass(mass):
+    """log2 of pages' summed exp2 terms, at most 127 (a term past 2^128 makes the sum inf), in a layout that holds
+    each page once. The sums come out of the key reduction replicated over the quad of lanes that held the keys;
+    taking the logarithm after the layout change saves those lanes' MUFU instructions (H200, one layer, against
+    taking it before, results/score_lg2_ab_s24.json: GLM-4-9B-1M 1M 37.2-37.4 vs 39.7-39.9 us, bs=8 256K 71.0-72.5
+    vs 75.0-75.3; score_pages_gluon's G = 4 form, 2 lanes per sum, measured 0.3 us slower at Llama-3.1-8B 128K).
+    One clamp per page instead of each term's before its exponential (an instruction per key: 44.3 -> 40.3 us at
+    GLM 1M, results/score_copy_ab_s19.json)."""
+    return gl.minimum(_lg2(mass), 127.0)
 
 
 @gluon.jit
@@ -86,7 +90,8 @@ def _score_pages_heads_kernel(
     s = gl.expand_dims(s_head, 1)
     qa_lo = gl.expand_dims(gl.convert_layout(gl.floor(lo / s + 0.5).to(gl.int8), gl.SliceLayout(0, a8)), 0) + za
     qa_hi = gl.expand_dims(gl.convert_layout(gl.floor(hi / s + 0.5).to(gl.int8), gl.SliceLayout(0, a8)), 0) + za
-    w_head = gl.convert_layout(s_head * scale_log2, gl.SliceLayout(0, gl.SliceLayout(2, mma3)))
+    # 1/16: the basis's int4 values sit in the top nibble of their bytes (16 x)
+    w_head = gl.convert_layout(s_head * (scale_log2 * 0.0625), gl.SliceLayout(0, gl.SliceLayout(2, mma3)))
     w_head = gl.expand_dims(gl.expand_dims(w_head, 0), 2)                             # [1, G, 1]
 
     # The centroid term (large: it keeps both planes), query plane rows m: head (m // 16) * 8 + m % 8, plane
@@ -133,7 +138,7 @@ def _score_pages_heads_kernel(
         v_lo, v_hi = _unpack_int4_x16(vb)
         acc = mma_v2(qa_lo, v_lo, gl.zeros([PAIRS, G, 16], gl.int32, mma3))
         acc = mma_v2(qa_hi, v_hi, acc)
-        cs = smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(1, mma3)) * 0.0625
+        cs = smem_s.index(st).reshape([PAIRS, 16]).load(gl.SliceLayout(1, mma3))
         proj = acc.to(gl.float32) * w_head * gl.expand_dims(cs, 1)
         proj = gl.convert_layout(proj.to(gl.float16), a16)
         # coefficients [PAIRS, 16 (page, rank), 16 keys] (16-byte rows), to fp16 in the operand layout, then
@@ -143,8 +148,8 @@ def _score_pages_heads_kernel(
         cbd = gl.reshape(gl.permute(gl.join(cf, cf), (0, 1, 3, 2)), [PAIRS, 16, 2 * PAGE])
         cbd = gl.where(b_live, gl.convert_layout(cbd, b16), 0.0)
         local = mma_v2(proj, cbd, gl.zeros([PAIRS, G, 2 * PAGE], gl.float32, mma3))
-        lse = _log2_mass(gl.reshape(local, [PAIRS, G, 2, PAGE]), 3)                         # [PAIRS, G, 2]
-        lse = gl.convert_layout(gl.reshape(gl.permute(lse, (1, 0, 2)), [G, BP]), ep)
+        mass = gl.sum(gl.exp2(gl.reshape(local, [PAIRS, G, 2, PAGE])), 3)                  # [PAIRS, G, 2]
+        lse = _log2_mass(gl.convert_layout(gl.reshape(gl.permute(mass, (1, 0, 2)), [G, BP]), ep))
 
         # q . mu: the query planes against the step's centroids [64 bytes (K), BP]
         mu = smem_m.index(st).slice(0, BP, 0)
