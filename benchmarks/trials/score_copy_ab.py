@@ -7,7 +7,8 @@ summaries per launch, 20 launches per graph.
 Each FILE is a version of kernels/score_pages_gluon.py or kernels/score_pages_gluon_heads.py (relative imports
 resolve against this tree's sglang_locks.kernels); a case runs the versions that define its kernel
 (score_pages_gluon_heads at 16 query heads per KV head, score_pages_gluon otherwise) beside this tree's ("head").
-The first version named is the reference of the score differences reported.
+The first version named is the reference of the score differences reported. CASES=shape:batch:context,... runs
+only those of the cases below.
 (score_mu_swizzle_ab_s15.json and score_copy_ab_245011d.json came from this script's version at 245011d.)"""
 import json, os, sys
 import torch
@@ -23,9 +24,12 @@ versions = [(name, load_kernel_version(f"_score_{name}", path)) for name, path i
 versions += [("head", score_pages_gluon), ("head", score_pages_gluon_heads)]
 rows = []
 copy = copy_bandwidth_gbs()
+CASES = os.environ.get("CASES")
 for shape, bsz, context in (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("llama3.1-8b", 1, 1048576),
                             ("llama3.1-8b", 8, 131072), ("glm4-9b-1m", 1, 131072), ("glm4-9b-1m", 1, 262144),
                             ("glm4-9b-1m", 1, 1048576), ("glm4-9b-1m", 8, 262144)):
+    if CASES and f"{shape}:{bsz}:{context}" not in CASES.split(","):
+        continue
     _, hkv, hq, d = SHAPES[shape]
     kernel = "score_pages_gluon_heads" if hq == 16 * hkv else "score_pages_gluon"
     fns = [(name, getattr(m, kernel)) for name, m in versions if hasattr(m, kernel)]
