@@ -11,13 +11,16 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Programmatic dependent launch of the decode chain (score -> select -> attend -> merge): SGLANG_LOCKS_PDL=0 off,
-# 1 (default) for DEPENDENT_KERNELS, or a comma-separated list of CHAIN_KERNELS.
+# 1 (default) for DEPENDENT_KERNELS, or a comma-separated list of CHAIN_KERNELS. "score" is the Gluon score kernel
+# (score_pages_gluon), "score_heads" its form for 16 query heads per KV head (score_pages_gluon_heads).
 PDL_ENV = "SGLANG_LOCKS_PDL"
-CHAIN_KERNELS = ("score", "select", "attend", "merge")
+CHAIN_KERNELS = ("score", "score_heads", "select", "attend", "merge")
 # The sparse decode and its merge: 0.6-2.3 us a layer faster at every measured shape (H200, attention step of all
-# layers against no PDL in one process, results/pdl_ab_kernels_s20.json). The selection's launch so was slower
-# at Llama-3.1-8B bs=4/8 128K and the score kernel's at GLM-4-9B-1M 1M (by 12 us a layer).
-DEPENDENT_KERNELS = ("attend", "merge")
+# layers against no PDL in one process, results/pdl_ab_kernels_s20.json). The score kernel, which puts its first
+# summaries in flight before it waits: 0.5-1.3 us a layer at Llama-3.1-8B (results/score_early_ab_s25.json). The
+# selection's launch so was slower at Llama-3.1-8B bs=4/8 128K and the heads score kernel's at GLM-4-9B-1M 1M
+# (by 10-12 us a layer; see score_pages_gluon.launch_score_kernel).
+DEPENDENT_KERNELS = ("score", "attend", "merge")
 
 
 # SGLANG_LOCKS_L2_KEEP=1 (default) stores the outputs that the next kernel of the decode chain reads (the score

@@ -260,7 +260,6 @@ def _score_pages_gluon_kernel(
     PAIRS: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, KEEP: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    _pdl_start(PDL)
     R: gl.constexpr = 8
     HALF: gl.constexpr = D // 2
     GH: gl.constexpr = NC // 2          # query heads, padded
@@ -288,6 +287,7 @@ def _score_pages_gluon_kernel(
             smem_u.index(z).store(gl.zeros([MU_ROWS], gl.float32, gl.BlockedLayout([1], [32], [num_warps], [0])))
     rec_next = _prologue(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr,
                          mu_scale_ptr, table, h, start, n_last, BP, HKV, D, PAGE, STAGES, num_warps)
+    _pdl_start(PDL)  # after the prologue: see launch_score_kernel
 
     # Query columns n = 2 head + plane: q1 = round(q / s) (plane 0), q2 = round((q / s - q1) * 254).
     qk, qn = _idx2(HALF, NC, blk)
@@ -396,16 +396,26 @@ def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
     if pairs not in (1, 2, 4, 8, 16) or num_warps not in (1, 2, 4):
         raise ValueError(f"pairs must be 1, 2, 4, 8 or 16 and num_warps 1, 2 or 4, got {pairs}, {num_warps}")
     group = q.shape[1] // summaries.num_kv_heads
-    return launch_score_kernel(_score_pages_gluon_kernel, q, summaries, req_to_token, req_pool_indices, seq_lens,
-                               max_pages, sm_scale, chunk_pages, out, 2 * pairs * num_warps,
+    return launch_score_kernel(_score_pages_gluon_kernel, "score", q, summaries, req_to_token, req_pool_indices,
+                               seq_lens, max_pages, sm_scale, chunk_pages, out, 2 * pairs * num_warps,
                                G=group, NC=max(8, 2 * group), PAIRS=pairs * num_warps, STAGES=stages,
                                num_warps=num_warps)
 
 
-def launch_score_kernel(kernel, q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
+def launch_score_kernel(kernel, chain, q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
                         chunk_pages, out, block_pages, **consts):
     """Launch a Gluon score kernel over (request x KV head, chunk) programs of block_pages-page steps: its outputs
-    (scores, part_max, part_sum) allocated or the caller's (out), consts its own compile-time arguments."""
+    (scores, part_max, part_sum) allocated or the caller's (out), consts its own compile-time arguments.
+
+    chain: the kernel's name in the decode chain (_triton.dependent_launch). Launched as a dependent, a program
+    reads its row's page table and puts its first summaries in flight before it waits for the kernel before
+    it, and reads q after: the table, lengths and summaries are written before the decode step, never by that
+    kernel (LocksDecode.run's contract). H200, attention step of all layers against waiting first and against
+    no dependent launch (results/score_early_ab_s25.json): Llama-3.1-8B bs=1 128K and 256K 1.3 us a layer
+    faster, bs=4 0.9, bs=8 0.5; waiting first gained 0.24-0.29. At 16 query heads per KV head ("score_heads", not
+    launched so by default) it lost 10.6 us a layer at GLM-4-9B-1M 1M: that kernel has room for 12 programs per
+    SM, and its 1056 launched early pile up unevenly beside the running kernel's (capping the room at 8 by
+    padding shared memory removed the loss, gaining nothing)."""
     bsz, hq, d = q.shape
     hkv = summaries.num_kv_heads
     chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, block_pages, chunk_pages)
@@ -418,6 +428,6 @@ def launch_score_kernel(kernel, q, summaries, req_to_token, req_pool_indices, se
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum, part_max.shape[-1], first,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, "score"), KEEP=l2_keep(), **consts,
+        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, chain), KEEP=l2_keep(), **consts,
     )
     return scores, part_max, part_sum

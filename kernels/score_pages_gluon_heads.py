@@ -50,7 +50,6 @@ def _score_pages_heads_kernel(
     HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
     PDL: gl.constexpr, KEEP: gl.constexpr, num_warps: gl.constexpr,
 ):
-    _pdl_start(PDL)
     G: gl.constexpr = 16               # query heads per KV head
     MQ: gl.constexpr = 2 * G           # query plane rows
     R: gl.constexpr = 8
@@ -74,6 +73,7 @@ def _score_pages_heads_kernel(
                                                          max_pages, n_chunks, BP, HKV, PAGE)
     rec_next = _prologue(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_ptr, coef_scale_ptr,
                          mu_scale_ptr, table, h, start, n_last, BP, HKV, D, PAGE, STAGES, num_warps)
+    _pdl_start(PDL)  # after the prologue: see launch_score_kernel
 
     # The basis term's query rows: the G heads in order, q1 = round(q / s) (s = max|q| / 127 per head) alone
     # (score_pages.int8_query). Its rounding (2^-8 of max|q|) is below the int4 basis's own (recall on real text
@@ -173,6 +173,6 @@ def score_pages_gluon_heads(q, summaries, req_to_token, req_pool_indices, seq_le
     """score_pages_gluon's launch (same arguments, outputs and chunking) for 16 query heads per KV head."""
     if not gluon_applies(q, summaries) or q.shape[1] != 16 * summaries.num_kv_heads:
         raise ValueError("score_pages_gluon_heads needs score_pages_gluon's conditions and 16 query heads per KV head")
-    return launch_score_kernel(_score_pages_heads_kernel, q, summaries, req_to_token, req_pool_indices, seq_lens,
-                               max_pages, sm_scale, chunk_pages, out, 2 * pairs, PAIRS=pairs, STAGES=stages,
+    return launch_score_kernel(_score_pages_heads_kernel, "score_heads", q, summaries, req_to_token,
+                               req_pool_indices, seq_lens, max_pages, sm_scale, chunk_pages, out, 2 * pairs, PAIRS=pairs, STAGES=stages,
                                num_warps=1)

@@ -6,6 +6,7 @@ import torch
 from helpers import random_cache
 from sglang_locks.config import SPARSE_DECODE_KERNELS, LocksConfig
 from sglang_locks.decode import LocksDecode
+from sglang_locks.kernels._triton import CHAIN_KERNELS
 from sglang_locks.kernels.aggregate_scores import KEY_SCALE
 from sglang_locks.kernels.selected_indices import selected_indices_torch
 from sglang_locks.selection import selected_pages
@@ -167,9 +168,11 @@ def test_cuda_graph_replay_follows_new_inputs(kernel):
 @pytest.mark.parametrize("hkv, group", [(8, 4), (2, 16)])
 def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeypatch):
     """Layers whose query is the output of the layer before, in one CUDA graph with programmatic dependent
-    launch of every kernel of the chain (kernels/_triton.dependent_launch; by default only the sparse decode's):
-    each must wait for the one before it (the scores for the last layer's merge, the selection for the scores,
-    the sparse decode for the selection), so the graph gives what launches without it give, bit for bit.
+    launch of every kernel of the chain (kernels/_triton.dependent_launch; by default the score kernel's at up to
+    8 query heads per KV head and the sparse decode's): each must wait for the one before it (the scores, whose
+    programs read the page table and summaries before they wait, for the last layer's merge before they read q;
+    the selection for the scores, the sparse decode for the selection), so the graph gives what launches without
+    it give, bit for bit.
     Without the waits it fails (results/gpu_tests_mutant_nowait_s20.log)."""
     c = random_cache([16 * 300 + 7, 16 * 45 + 3], hkv, 128, device="cuda", seed=5)
     dec = LocksDecode(LocksConfig(token_budget=512), _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
@@ -182,7 +185,7 @@ def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeyp
             dec.select(qs[layer], c["summaries"], *tables)
             dec.sparse.run(qs[layer], c["k_cache"], c["v_cache"], out=qs[layer + 1])
 
-    every = "score,select,attend,merge"
+    every = ",".join(CHAIN_KERNELS)
     monkeypatch.setenv("SGLANG_LOCKS_PDL", every)
     chain()  # compiles
     graph = torch.cuda.CUDAGraph()
