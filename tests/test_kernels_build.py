@@ -133,7 +133,8 @@ k = score_sass.compile_gluon_kernel({group}, 8 if {group} <= 4 else 2, {index!r}
 ptx = k.asm["ptx"]
 stores = [line for line in ptx.splitlines() if "st.global" in line]
 print("cp.async.cg.shared.global" in ptx, "m16n8k32" in ptx and ".s32.s8.s8.s32" in ptx, len(k.asm["cubin"]) > 0,
-      ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), "griddepcontrol.launch_dependents" in ptx,
+      ptx.index("cp.async") < ptx.index("griddepcontrol.wait") < ptx.index("st.global"),
+      "griddepcontrol.launch_dependents" in ptx,
       bool(stores) and all("L2::cache_hint" in line for line in stores), "createpolicy.fractional.L2::evict_last" in ptx)
 """
 
@@ -148,8 +149,10 @@ def test_gluon_score_kernel_builds_for_sm90(group, heads_on_rows, index):
     code = GLUON_BUILD.format(benchmarks=BENCHMARKS, group=group, index=index, heads_on_rows=heads_on_rows)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    # 16-byte cp.async staging, int8 mma, a cubin; programmatic dependent launch: it waits before any load and
-    # lets the selection launch; its outputs (scores, partials) stored evict-last in L2 (SGLANG_LOCKS_L2_KEEP)
+    # 16-byte cp.async staging, int8 mma, a cubin; programmatic dependent launch: its first summaries are in
+    # flight before it waits, and it waits before any store (and before it reads q: test_gpu's chained layers
+    # fail otherwise) and lets the selection launch; its outputs (scores, partials) stored evict-last in L2
+    # (SGLANG_LOCKS_L2_KEEP)
     assert out.stdout.split() == ["True"] * 7
 
 
