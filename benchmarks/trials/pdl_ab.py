@@ -1,7 +1,7 @@
 """H200: the LOCKS attention step (score, select, sparse decode of every layer, one CUDA graph) under settings of
 one of the decode chain's environment knobs, alternated in one process on the same inputs.
 
-    python benchmarks/trials/pdl_ab.py OUT.json [--env NAME] [VALUE ...]
+    [CASES=shape:batch:context,...] python benchmarks/trials/pdl_ab.py OUT.json [--env NAME] [VALUE ...]
 
 NAME: the knob, SGLANG_LOCKS_PDL (programmatic dependent launch) by default, or SGLANG_LOCKS_L2_KEEP. VALUE: its
 settings to alternate (default: 0 1; for SGLANG_LOCKS_PDL a comma-separated list names the kernels launched so),
@@ -21,6 +21,8 @@ if modes[:1] == ["--env"]:
 modes = modes or ["0", "1"]
 CASES = (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("llama3.1-8b", 4, 131072),
          ("llama3.1-8b", 8, 131072), ("glm4-9b-1m", 1, 131072), ("glm4-9b-1m", 1, 1048576))
+if os.environ.get("CASES"):
+    CASES = [(s, int(b), int(c)) for s, b, c in (case.split(":") for case in os.environ["CASES"].split(","))]
 rows = []
 for shape, bsz, context in CASES:
     chain = ChainStep(shape, [context - 37 * i for i in range(bsz)])
@@ -41,4 +43,5 @@ for shape, bsz, context in CASES:
     rows.append(row)
     del chain
     torch.cuda.empty_cache()
-    save_rows(out_path, f"python benchmarks/trials/pdl_ab.py OUT.json --env {env} " + " ".join(modes), rows)
+    cases = f"CASES={os.environ['CASES']} " if os.environ.get("CASES") else ""
+    save_rows(out_path, f"{cases}python benchmarks/trials/pdl_ab.py OUT.json --env {env} " + " ".join(modes), rows)
