@@ -174,5 +174,5 @@ def score_pages_gluon_heads(q, summaries, req_to_token, req_pool_indices, seq_le
     if not gluon_applies(q, summaries) or q.shape[1] != 16 * summaries.num_kv_heads:
         raise ValueError("score_pages_gluon_heads needs score_pages_gluon's conditions and 16 query heads per KV head")
     return launch_score_kernel(_score_pages_heads_kernel, "score_heads", q, summaries, req_to_token,
-                               req_pool_indices, seq_lens, max_pages, sm_scale, chunk_pages, out, 2 * pairs, PAIRS=pairs, STAGES=stages,
-                               num_warps=1)
+                               req_pool_indices, seq_lens, max_pages, sm_scale, chunk_pages, out, 2 * pairs,
+                               PAIRS=pairs, STAGES=stages, num_warps=1)
