@@ -8,7 +8,7 @@ CUDA-graph medians of 20 launches.
 import json, os, sys, traceback
 import torch
 sys.path.insert(0, "benchmarks")
-from attention_decode import launch_us, copy_bandwidth_gbs, one_layer_inputs, random_summaries
+from attention_decode import copy_bandwidth_gbs, launch_us, one_layer_inputs, random_summaries, score_launched_alone
 from sglang_locks.kernels.score_pages import score_pages_triton, score_pages_torch
 from sglang_locks.kernels import score_pages_gluon as gluon_kernel
 OUT = os.environ.get("OUT", "/tmp")
@@ -67,7 +67,8 @@ for shape in ("llama3.1-8b", "glm4-9b-1m"):
             variants.append(("gluon", cfg, (lambda cfg=cfg: gluon_kernel.score_pages_gluon(*c, **cfg))))
         for name, cfg, fn in variants:
             try:
-                us = launch_us(fn)
+                with score_launched_alone():
+                    us = launch_us(fn)
                 out["rows"].append(dict(shape=shape, table=tname, kernel=name, **cfg, us=us, copy_fraction=moved / us / 1e3 / copy))
             except Exception:
                 out["rows"].append(dict(shape=shape, table=tname, kernel=name, **cfg, error=traceback.format_exc()[-600:]))
