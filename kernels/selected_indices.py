@@ -67,6 +67,7 @@ page.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -194,16 +195,29 @@ def _select_kernel(
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr, last_len_ptr,
     cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr, slice_max_ptr, slice_sum_ptr,
     sink_pages, local_pages, budget_pages, parts,
+    new_k_ptr, new_v_ptr, stride_nkb, stride_nkh, stride_nvb, stride_nvh, k_cache_ptr, v_cache_ptr, loc_ptr, n_slots,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SLICE: tl.constexpr,
     SPLIT: tl.constexpr, PAGE: tl.constexpr,
     BLOCK: tl.constexpr, SMALL: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr,
     LOG_G: tl.constexpr, PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr, PDL: tl.constexpr,
+    WRITE_KV: tl.constexpr, D: tl.constexpr,
 ):
     pdl_start(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     b = row // HKV
     h = row % HKV
+    if WRITE_KV:
+        # Part 0 of row (b, h) loads the step's key and value of KV head h now and stores them into the caches
+        # last (CacheWrite): their loads overlap the selection's.
+        dk = tl.arange(0, D)
+        writes = (part == 0) & (dk < D)
+        new_k = tl.load(new_k_ptr + b.to(tl.int64) * stride_nkb + h * stride_nkh + dk, mask=writes)
+        new_v = tl.load(new_v_ptr + b.to(tl.int64) * stride_nvb + h * stride_nvh + dk, mask=writes)
+        new_slot = tl.load(loc_ptr + b, mask=part == 0, other=0).to(tl.int64)
+        # as SGLang's store: nothing goes to slot 0, the padding rows' of CUDA graphs, or out of the caches
+        writes = writes & (new_slot > 0) & (new_slot < n_slots)
+        new_at = (new_slot * HKV + h) * D + dk
     jb = tl.arange(0, BLOCK)
     seq_len = tl.load(seq_lens_ptr + b)
     n_sealed = seq_len // PAGE
@@ -318,6 +332,39 @@ def _select_kernel(
             if tail > 0:
                 slot = tl.load(table + n_sealed * PAGE)
                 tl.store(out + tl.minimum(n_sealed, budget_pages), slot * HKV + h)
+            if WRITE_KV:
+                tl.store(k_cache_ptr + new_at, new_k, mask=writes)
+                tl.store(v_cache_ptr + new_at, new_v, mask=writes)
+
+
+class CacheWrite(NamedTuple):
+    """The decode step's keys and values k, v [B, H_kv, d] (unit stride along d), which the selection writes into
+    the caches k_cache, v_cache [slots, H_kv, d] (contiguous) at slots loc [B]: the sparse decode after it reads
+    them from there, and the scores before it never do, so no store launch of its own precedes the chain. Like
+    SGLang's store, it writes nothing to slot 0 (where CUDA graphs' padding rows point) or past the caches."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    loc: torch.Tensor
+
+    def check(self, batch: int, num_kv_heads: int) -> None:
+        k, v, kc, vc, loc = self
+        d = kc.shape[-1]
+        for name, t in (("k", k), ("v", v)):
+            if t.dim() != 3 or tuple(t.shape) != (batch, num_kv_heads, d) or t.stride(-1) != 1:
+                raise ValueError(f"CacheWrite.{name} must be [{batch}, {num_kv_heads}, {d}] with unit stride "
+                                 f"along d, got {tuple(t.shape)} strides {t.stride()}")
+        for name, t in (("k_cache", kc), ("v_cache", vc)):
+            if t.dim() != 3 or t.shape[1:] != kc.shape[1:] or t.shape[1] != num_kv_heads or not t.is_contiguous():
+                raise ValueError(f"CacheWrite.{name} must be a contiguous [slots, {num_kv_heads}, {d}] cache, got "
+                                 f"{tuple(t.shape)}")
+        if k.dtype != kc.dtype or v.dtype != vc.dtype:
+            raise ValueError(f"CacheWrite: keys/values {k.dtype}/{v.dtype} into caches {kc.dtype}/{vc.dtype} "
+                             "(no conversion)")
+        if loc.dim() != 1 or loc.shape[0] < batch:
+            raise ValueError(f"CacheWrite.loc must hold >= {batch} slots, got {tuple(loc.shape)}")
 
 
 class SelectionState:
@@ -389,7 +436,7 @@ _STAGES = {"pages": 0, "candidates": 1, "among_candidates": 2}
 
 def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens, indptr,
                    indices, last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages,
-                   state):
+                   state, cache_write: CacheWrite = None):
     bsz, hq, width = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
@@ -408,6 +455,14 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
     n_chunks = part_max.shape[-1] if score_chunks is None else score_chunks
     device = scores.device
     launch = {"PHASE": 0, **dependent_launch(device, "select")}
+    if cache_write is None:
+        write_args = (seq_lens, seq_lens, 0, 0, 0, 0, seq_lens, seq_lens, seq_lens, 0)  # not read
+        write_consts = dict(WRITE_KV=0, D=16)
+    else:
+        cache_write.check(bsz, num_kv_heads)
+        k, v, k_cache, v_cache, loc = cache_write
+        write_args = (k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache, v_cache, loc, k_cache.shape[0])
+        write_consts = dict(WRITE_KV=1, D=k_cache.shape[-1])
 
     def grid(parts):
         """The launch's arguments and compile-time constants at parts programs per row."""
@@ -421,8 +476,8 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
         args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
                 req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices, last_page_len,
                 cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix, slices[0], slices[1],
-                sink_pages, local_pages, budget_pages, parts)
-        consts = dict(HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
+                sink_pages, local_pages, budget_pages, parts, *write_args)
+        consts = dict(**write_consts, HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
                       BLOCK_N=partials_block(parts if split else n_chunks, group),
                       BLOCK_SLICE=partials_block(triton.cdiv(n_chunks, parts), group), SPLIT=int(split), PAGE=16,
                       BLOCK=block, SMALL=small,
@@ -439,7 +494,7 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
         state.hist.zero_()
         return
     key = (device.index, rows, parts, width, n_chunks, group, num_kv_heads, mode, stage, req_to_token.dtype,
-           seq_lens.dtype, req_pool_indices.dtype, launch["PDL"])
+           seq_lens.dtype, req_pool_indices.dtype, launch["PDL"], write_consts["D"] if cache_write else 0)
     if key not in _RESIDENT_PARTS:
         _RESIDENT_PARTS[key] = _resident_grid(grid, rows, parts, num_sms(device), launch)
     parts = _RESIDENT_PARTS[key]
@@ -474,7 +529,7 @@ def resident_parts(rows: int, parts: int, sms: int, per_sm: int) -> int:
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
                             last_page_len, num_kv_heads, sink_pages, local_pages, mode, budget_pages,
-                            state: SelectionState, candidates: torch.Tensor = None):
+                            state: SelectionState, candidates: torch.Tensor = None, cache_write: CacheWrite = None):
     """Select and write page entries, from the scoring kernel's outputs.
 
     scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton,
@@ -484,7 +539,8 @@ def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_i
     last_page_len[row] (int32, >= B * H_kv). With candidates [2, >= B * H_kv, M]
     (candidate_pages_triton's list), scores are in candidate order [B, Hq, M]
     and the top pages are chosen among each row's candidates, in candidate
-    (= logical) order.
+    (= logical) order. With cache_write, it also writes the step's keys and
+    values into the caches (CacheWrite).
     """
     stage = "pages" if candidates is None else "among_candidates"
     rows = scores.shape[0] * num_kv_heads
@@ -492,7 +548,8 @@ def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_i
         raise ValueError(f"last_page_len must hold >= {rows} int32 values, got {last_page_len.numel()} "
                          f"{last_page_len.dtype}")
     _launch_select(stage, scores, part_max, part_sum, None, req_to_token, req_pool_indices, seq_lens, indptr, indices,
-                   last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state)
+                   last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state,
+                   cache_write)
     return indices
 
 

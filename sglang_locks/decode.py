@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .config import LocksConfig
-from .kernels.selected_indices import SelectionState, selected_indices_torch, selected_indices_triton
+from .kernels.selected_indices import CacheWrite, SelectionState, selected_indices_torch, selected_indices_triton
 from .scoring import candidate_buffer, locks_aggregate_torch, locks_scores_triton
 from .selection import select_pages, selected_pages
 from .sparse_decode import SparseDecodeWrapper, sparse_decode_reference
@@ -57,7 +57,10 @@ class LocksDecode:
         self.max_pages = max_pages or max(1, int(seq_lens_cpu.max()) // self.config.page_size)
         self.sparse.plan(seq_lens_cpu, self.config.budget_pages, q_dtype, kv_dtype, self.sm_scale)
 
-    def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens) -> None:
+    def select(self, q, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens,
+               cache_write: CacheWrite = None) -> None:
+        """Score, then select the pages each row attends (and, with cache_write, write the step's keys and values
+        into the caches, which the sparse decode reads next)."""
         cfg = self.config
         *scored, candidates = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens,
                                                   self.max_pages, self.sm_scale, cfg, self.selection_state,
@@ -65,11 +68,14 @@ class LocksDecode:
         sparse = self.sparse
         selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, sparse.indptr, sparse.indices,
                                 sparse.last_page_len, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
-                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, candidates)
+                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, candidates, cache_write)
 
-    def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens):
-        """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""
-        self.select(q, summaries, req_to_token, req_pool_indices, seq_lens)
+    def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens,
+            new_kv=None):
+        """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]. new_kv: (k, v [B, H_kv, d], slots [B]), the
+        step's keys and values, written into the caches before the sparse decode reads them (CacheWrite)."""
+        write = None if new_kv is None else CacheWrite(new_kv[0], new_kv[1], k_cache, v_cache, new_kv[2])
+        self.select(q, summaries, req_to_token, req_pool_indices, seq_lens, write)
         return self.sparse.run(q, k_cache, v_cache)
 
 

@@ -8,7 +8,7 @@ from sglang_locks.config import SPARSE_DECODE_KERNELS, LocksConfig
 from sglang_locks.decode import LocksDecode
 from sglang_locks.kernels._triton import CHAIN_KERNELS
 from sglang_locks.kernels.aggregate_scores import KEY_SCALE
-from sglang_locks.kernels.selected_indices import selected_indices_torch
+from sglang_locks.kernels.selected_indices import CacheWrite, selected_indices_torch
 from sglang_locks.selection import selected_pages
 from sglang_locks.sparse_decode import SparseDecodeWrapper, dense_decode_reference, sparse_decode_reference
 
@@ -128,17 +128,29 @@ def selected_indices_reference(q, c, cfg):
 
 @pytest.mark.parametrize("seq_lens, hkv, group", SHAPES)
 @pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)
-def test_budget_covering_context_equals_dense(seq_lens, hkv, group, kernel):
+@pytest.mark.parametrize("write_kv", [False, True])
+def test_budget_covering_context_equals_dense(seq_lens, hkv, group, kernel, write_kv):
+    """write_kv: each request's last key and value reach the caches through run's new_kv (the selection
+    writes them), over stale entries, as in a decode step of SGLang."""
     c = random_cache(seq_lens, hkv, 128, device="cuda", seed=5)
     budget = (max(seq_lens) // 16 + 1) * 16
     cfg = LocksConfig(token_budget=budget, sparse_decode=kernel)
     bsz = len(seq_lens)
     q = torch.randn(bsz, hkv * group, 128, device="cuda", dtype=torch.bfloat16)
+    ref = dense_decode_reference(q, c["k_cache"], c["v_cache"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], 128**-0.5)
+    new_kv = None
+    if write_kv:
+        rows = c["req_to_token"][c["req_pool_indices"].long(), c["seq_lens"].long() - 1].long()
+        new_kv = (c["k_cache"][rows].clone(), c["v_cache"][rows].clone(), rows)
+        k_want, v_want = c["k_cache"].clone(), c["v_cache"].clone()
+        c["k_cache"][rows], c["v_cache"][rows] = 30.0, -30.0   # stale entries: the step's token not yet stored
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, bsz)
     dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
-    out = dec.run(q, c["k_cache"], c["v_cache"], c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
-    ref = dense_decode_reference(q, c["k_cache"], c["v_cache"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], 128**-0.5)
+    out = dec.run(q, c["k_cache"], c["v_cache"], c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
+                  new_kv)
     assert _rel(out, ref) < 1e-2
+    if write_kv:
+        assert torch.equal(c["k_cache"], k_want) and torch.equal(c["v_cache"], v_want)
 
 
 @pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)
@@ -172,17 +184,24 @@ def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeyp
     8 query heads per KV head and the sparse decode's): each must wait for the one before it (the scores, whose
     programs read the page table and summaries before they wait, for the last layer's merge before they read q;
     the selection for the scores, the sparse decode for the selection), so the graph gives what launches without
-    it give, bit for bit.
+    it give, bit for bit; so must each layer's selection, which writes the layer's key and value that its
+    sparse decode reads.
     Without the waits it fails (results/gpu_tests_mutant_nowait_s20.log)."""
     c = random_cache([16 * 300 + 7, 16 * 45 + 3], hkv, 128, device="cuda", seed=5)
     dec = LocksDecode(LocksConfig(token_budget=512), _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
     dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
     tables = (c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
     qs = [torch.randn(2, hkv * group, 128, device="cuda", dtype=torch.bfloat16) for _ in range(7)]
+    # Each layer writes its step's key and value (from the layer before's output) at each request's last slot
+    # in the selection, over a stale entry, and its sparse decode must read them.
+    last = c["req_to_token"][c["req_pool_indices"].long(), c["seq_lens"].long() - 1].long()
 
     def chain():
+        c["k_cache"].index_fill_(0, last, 30.0)  # (a scalar fill: no host copy inside the graph's capture)
+        c["v_cache"].index_fill_(0, last, -30.0)
         for layer in range(len(qs) - 1):
-            dec.select(qs[layer], c["summaries"], *tables)
+            write = CacheWrite(qs[layer][:, :hkv], qs[layer][:, hkv : 2 * hkv], c["k_cache"], c["v_cache"], last)
+            dec.select(qs[layer], c["summaries"], *tables, cache_write=write)
             dec.sparse.run(qs[layer], c["k_cache"], c["v_cache"], out=qs[layer + 1])
 
     every = ",".join(CHAIN_KERNELS)

@@ -51,10 +51,11 @@ from sglang_locks.kernels import selected_indices as m
 
 
 def build(index, **consts):
-    # _select_kernel for sm_90: G = 4 and one PAGE_BLOCK tile unless consts say otherwise; seq_lens and request
-    # indices of type index
+    # _select_kernel for sm_90: G = 4 and one PAGE_BLOCK tile unless consts say otherwise, writing the step's keys
+    # and values (as in SGLang); seq_lens and request indices of type index
     consts = {**dict(HKV=8, G=4, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=0, PAGE=16, BLOCK=m.PAGE_BLOCK,
-                     SMALL=m.PAGE_BLOCK, TILES=1, PARTS_P2=8, MODE=0, PHASE=0, SYNC=True, STAGE=0, PDL=1), **consts}
+                     SMALL=m.PAGE_BLOCK, TILES=1, PARTS_P2=8, MODE=0, PHASE=0, SYNC=True, STAGE=0, PDL=1,
+                     WRITE_KV=1, D=128), **consts}
     consts.update(BLOCK_G=consts["G"], LOG_G=math.log(consts["G"]))
     names = m._select_kernel.arg_names
     floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr", "slice_max_ptr", "slice_sum_ptr")

@@ -15,6 +15,7 @@ from sglang_locks.kernels.aggregate_scores import (
 from sglang_locks.kernels.aggregate_scores import KEY_RANGE, KEY_SCALE
 from sglang_locks.kernels import selected_indices
 from sglang_locks.kernels.selected_indices import (
+    CacheWrite,
     SelectionState,
     select_pages_by_key_torch,
     selected_indices_torch,
@@ -75,7 +76,7 @@ def _scored(seq_lens, hkv, group, seed, ties=False, chunks=1):
     return scores, part_max, part_sum
 
 
-def _select(c, scored, hkv, cfg, state):
+def _select(c, scored, hkv, cfg, state, cache_write=None):
     """The kernel's page entries, written after -7 sentinels; (indptr, entries)."""
     device = c["seq_lens"].device
     indptr, last_page_len = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
@@ -83,7 +84,7 @@ def _select(c, scored, hkv, cfg, state):
     last = torch.full((last_page_len.numel() + 1,), -7, dtype=torch.int32, device=device)
     selected_indices_triton(*(t.to(device) for t in scored), c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
                             indptr.to(device), indices, last, hkv, cfg.sink_pages, cfg.local_pages, "mass",
-                            cfg.budget_pages, state)
+                            cfg.budget_pages, state, cache_write=cache_write)
     assert (indices[int(indptr[-1]) :] == -7).all()  # nothing written past the rows
     assert torch.equal(last[:-1].cpu(), last_page_len) and int(last[-1]) == -7  # each row's last page: tail or 16
     return indptr, indices[: int(indptr[-1])].cpu()
@@ -430,6 +431,56 @@ def test_pages_per_request_is_the_plans_pages_per_row():
         lens[:4] = torch.tensor([0, 16 * budget, 16 * budget + 1, 16 * (budget + 1)])
         indptr, _ = selected_pages(lens, 3, budget)
         assert list(pages_per_request(lens.tolist(), budget)) == indptr.diff()[::3].tolist()
+
+
+def _step_kv(c, hkv, d, seed):
+    """The step's keys and values [B, H_kv, d] (every other row from a strided buffer, as SGLang's split of qkv
+    leaves them) and distinct random slots [B] (int64, like SGLang's out_cache_loc)."""
+    gen = torch.Generator().manual_seed(seed)
+    bsz = c["seq_lens"].numel()
+    qkv = torch.randn(bsz, 3, hkv, d, generator=gen).to(c["k_cache"].dtype)
+    loc = torch.randperm(c["k_cache"].shape[0] - 1, generator=gen)[:bsz] + 1
+    device = c["k_cache"].device
+    return qkv[:, 1].to(device), qkv[:, 2].to(device), loc.to(device)
+
+
+@pytest.mark.parametrize("seq_lens, hkv, group, budget", [
+    ([16 * 50 + 7, 16 * 3 + 2, 9, 16 * 12], 3, 2, 160),   # rows over and under the budget, tails, a short one
+    ([16 * 2500 + 3, 16 * 700], 1, 4, 160),               # rows over several programs
+    ([0, 16 * 40, 5], 2, 16, 16 * 4),
+])
+def test_selection_writes_the_steps_keys_and_values(seq_lens, hkv, group, budget, device):
+    """With a CacheWrite the selection also stores each request's key and value of every KV head at its slot (but
+    slot 0's), and selects the same pages; every other cache entry stays as it was."""
+    cfg = LocksConfig(token_budget=budget, sink_pages=1, local_pages=2)
+    c = random_cache(seq_lens, hkv, 64, device=device)
+    lens = c["seq_lens"].cpu().tolist()
+    scored = _scored(lens, hkv, group, seed=1, chunks=37)
+    want = _select(c, scored, hkv, cfg, SelectionState(len(lens) * hkv, device))
+    k, v, loc = _step_kv(c, hkv, 64, seed=2)
+    loc[0] = 0  # a CUDA graph's padding row: not written
+    k_want, v_want = c["k_cache"].clone(), c["v_cache"].clone()
+    k_want[loc[1:]], v_want[loc[1:]] = k[1:], v[1:]
+    write = CacheWrite(k, v, c["k_cache"], c["v_cache"], loc)
+    got = _select(c, scored, hkv, cfg, SelectionState(len(lens) * hkv, device), write)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(c["k_cache"], k_want) and torch.equal(c["v_cache"], v_want)
+
+
+def test_cache_write_is_checked():
+    c = random_cache([16 * 40, 9], 2, 64)
+    k, v, loc = _step_kv(c, 2, 64, seed=0)
+    kc, vc = c["k_cache"], c["v_cache"]
+    with pytest.raises(ValueError, match=r"CacheWrite.k must be \[2, 2, 64\]"):
+        CacheWrite(k[:1], v, kc, vc, loc).check(2, 2)
+    with pytest.raises(ValueError, match="unit stride"):
+        CacheWrite(k.transpose(1, 2).contiguous().transpose(1, 2), v, kc, vc, loc).check(2, 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        CacheWrite(k, v, kc, vc[::2], loc).check(2, 2)
+    with pytest.raises(ValueError, match="no conversion"):
+        CacheWrite(k.float(), v, kc, vc, loc).check(2, 2)
+    with pytest.raises(ValueError, match="loc must hold"):
+        CacheWrite(k, v, kc, vc, loc[:1]).check(2, 2)
 
 
 def test_selection_state_and_cache_layout_are_checked():

@@ -51,6 +51,9 @@ def _unsupported(runner) -> Optional[str]:
         return "encoder-decoder models"
     if runner.kv_cache_dtype not in (torch.bfloat16, torch.float16):
         return f"KV cache dtype {runner.kv_cache_dtype} (bf16/fp16 only)"
+    layout = getattr(getattr(runner, "token_to_kv_pool", None), "kv_cache_layout", "nhd")
+    if layout != "nhd":  # the kernels read token-major [slots, H_kv, d] buffers
+        return f"KV cache layout {layout} (token-major nhd only; unset SGLANG_USE_HND_KVCACHE)"
     reason = head_dim_reason(mc.head_dim)
     if reason:
         return reason
@@ -90,6 +93,11 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
             raise ValueError("--enable-locks needs one softmax scale and no logit soft-capping across layers")
         self.sm_scale = scalings.pop() if scalings else self.head_dim**-0.5
         self.store = self._store_for(runner, locks_layers)
+        # The decode step's keys and values go into the cache inside the selection launch (CacheWrite), not by a
+        # store launch of their own, where that is a plain copy.
+        pool = self.token_to_kv_pool
+        self.write_kv_in_select = (self.kv_dtype == self.q_dtype and getattr(pool, "store_dtype", None) == pool.dtype
+                                   and not getattr(pool, "is_quantized_kv_cache", False))
         # Rows shorter than min_context take FlashInfer's path (only when that exceeds the budget:
         # within it LOCKS attends every page anyway).
         self.dense_rows = config.min_context > config.token_budget
@@ -261,15 +269,20 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if self.variant == DENSE or layer.layer_id in self.config.dense_layers:
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
-        if k is not None and save_kv_cache:
-            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v,
-                                                *self._kv_write_scales(layer))
         bs = forward_batch.batch_size
         pool = self.token_to_kv_pool
+        new_kv = None
+        if k is not None and save_kv_cache:
+            if self.write_kv_in_select:
+                new_kv = (k.view(bs, self.num_kv_heads, self.head_dim), v.view(bs, self.num_kv_heads, self.head_dim),
+                          forward_batch.out_cache_loc)
+            else:
+                pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v,
+                                   *self._kv_write_scales(layer))
         q3 = q.contiguous().view(bs, self.num_qo_heads, self.head_dim)
         o = self.decoder.run(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
                              self.store.layer(layer.layer_id), self.req_to_token_pool.req_to_token,
-                             forward_batch.req_pool_indices[:bs], self.locks_seq_lens)
+                             forward_batch.req_pool_indices[:bs], self.locks_seq_lens, new_kv)
         if self.dense_rows:
             dense = super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False)
             o = torch.where(self.short_rows[:, None, None], dense.view_as(o), o)
