@@ -136,16 +136,17 @@ def full_vocab_model(shape: str, folder: str) -> str:
 
 
 def serving_commands(shape: str, mode: str, batch: int, contexts: list, budget: int, locks_args: tuple, model: str,
-                     port: int = SERVER_PORT) -> tuple:
+                     port: int = SERVER_PORT, rounds: int = 2, warmup: int = 1) -> tuple:
     """(launch_server command, {context: bench_serving command minus its --output-file}); model: the
-    shape's full_vocab_model folder."""
+    shape's full_vocab_model folder. rounds: requests per concurrent slot; warmup: bench_serving's warm-up
+    requests (each a prefill of the whole context: at 256K about a minute on the H200)."""
     flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args, model)
     server = [sys.executable, "-m", "sglang.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
     clients = {c: [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
                    "--port", str(port), "--model", model, "--tokenizer", model, "--dataset-name", "random-ids",
                    "--tokenize-prompt", "--random-input-len", str(c), "--random-output-len", str(SERVING_OUTPUT_LEN),
-                   "--random-range-ratio", "1", "--num-prompts", str(2 * batch), "--max-concurrency", str(batch),
-                   "--warmup-requests", "1", "--disable-tqdm"] for c in contexts}
+                   "--random-range-ratio", "1", "--num-prompts", str(rounds * batch), "--max-concurrency", str(batch),
+                   "--warmup-requests", str(warmup), "--disable-tqdm"] for c in contexts}
     return server, clients
 
 
@@ -308,7 +309,8 @@ def _run_cases(args, save, scratch: str) -> list:
             os.unlink(result)
             locks_args = tuple(args.locks_args.split())
             if tool == "bench_serving":
-                cmd = serving_commands(shape, mode, batch, contexts, args.budget, locks_args, model)
+                cmd = serving_commands(shape, mode, batch, contexts, args.budget, locks_args, model,
+                                       rounds=args.serving_rounds, warmup=args.serving_warmup)
                 print("e2e_decode:", " ".join(cmd[0]), "; then per context:", " ".join(next(iter(cmd[1].values()))),
                       flush=True)
             else:
@@ -485,6 +487,9 @@ def main(argv=None) -> int:
                    "(repeatable, each case its own server processes; contexts: a comma-separated subset of the "
                    "plan's; default: the whole plan, ~20 min)")
     p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--serving-rounds", type=int, default=2,
+                   help="bench_serving: requests per concurrent slot (the batch), each one prefill of the context")
+    p.add_argument("--serving-warmup", type=int, default=1, help="bench_serving: warm-up requests")
     p.add_argument("--locks-args", default="", help="more --locks-* flags for the LOCKS runs, e.g. '--locks-prefilter 8'")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per SGLang process")
     p.add_argument("--log-dir", help="keep each SGLang process's log here")

@@ -129,6 +129,26 @@ def test_models_the_kernels_cannot_take_are_rejected_at_load(q_heads, kv_heads, 
     assert got == why if why is None else got.startswith(why)
 
 
+@pytest.mark.parametrize("layout, why", [("nhd", None), ("hnd", "KV cache layout hnd"),
+                                         ("vectorized_5d", "KV cache layout vectorized_5d")])
+def test_kv_pools_not_token_major_are_rejected_at_load(layout, why, monkeypatch):
+    """The kernels read each layer's keys and values as token-major [slots, H_kv, d] buffers: SGLang's head-major
+    layouts (SGLANG_USE_HND_KVCACHE=1, the vectorized one) fail at load, naming the layout, not silently."""
+    from types import SimpleNamespace
+
+    import torch
+
+    load_sglang_plugins()
+    from sglang_locks.plugin import attention_backend as ab
+
+    monkeypatch.setattr(ab, "get_parallel", lambda: SimpleNamespace(attn_tp_size=1))
+    mc = SimpleNamespace(num_attention_heads=32, get_num_kv_heads=lambda t: 8, head_dim=128, is_encoder_decoder=False)
+    runner = SimpleNamespace(model_config=mc, use_mla_backend=False, sliding_window_size=None,
+                             kv_cache_dtype=torch.bfloat16, token_to_kv_pool=SimpleNamespace(kv_cache_layout=layout))
+    got = ab._unsupported(runner)
+    assert got == why if why is None else got.startswith(why)
+
+
 def test_explicit_page_size_16_and_flashinfer_accepted():
     sa = parse("--enable-locks", "--page-size", "16", "--attention-backend", "flashinfer")
     assert (sa.page_size, sa.attention_backend) == (16, "flashinfer")
