@@ -6,7 +6,9 @@ the budget), then the unsealed tail page (0-15 tokens), and the length of its
 last page goes to FlashInfer's last_page_len (so that plan() need not copy it
 every step). The token-major cache [slots, H_kv, d] is viewed as pages of one
 KV head (sparse_decode.per_head_pages): entry slot * H_kv + h is the page
-whose first token is slot.
+whose first token is slot. In a decode step the launch also stores the
+step's keys and values into that cache (CacheWrite), which the tail page
+then holds for the sparse decode.
 
 Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
 and ranked by one-byte keys (page_key: the page's share of its group's
