@@ -100,6 +100,23 @@ def test_unsupported_combinations_fail_naming_the_flag(flags, named):
         parse("--enable-locks", *flags)
 
 
+def _load_time_reason(monkeypatch, q_heads=32, kv_heads=8, tp=1, head_dim=128, **runner_fields):
+    """The backend's load-time check (attention_backend._unsupported) on a stand-in model runner."""
+    from types import SimpleNamespace
+
+    import torch
+
+    load_sglang_plugins()
+    from sglang_locks.plugin import attention_backend as ab
+
+    monkeypatch.setattr(ab, "get_parallel", lambda: SimpleNamespace(attn_tp_size=tp))
+    mc = SimpleNamespace(num_attention_heads=q_heads, get_num_kv_heads=lambda t: max(1, kv_heads // t),
+                         head_dim=head_dim, is_encoder_decoder=False)
+    runner = SimpleNamespace(model_config=mc, use_mla_backend=False, sliding_window_size=None,
+                             kv_cache_dtype=torch.bfloat16, **runner_fields)
+    return ab._unsupported(runner)
+
+
 @pytest.mark.parametrize("q_heads, kv_heads, tp, head_dim, why", [
     (28, 4, 1, 128, None),                                   # Qwen2.5-7B: 7 query heads per KV head
     (40, 8, 2, 128, None),                                   # Qwen2.5-14B on two GPUs: 5
@@ -113,19 +130,7 @@ def test_models_the_kernels_cannot_take_are_rejected_at_load(q_heads, kv_heads, 
     """At model load (the backend's first check), naming what: the score kernel takes 1..16 query heads per KV
     head (any count, padded to a power of two) and, like the summary build, head_dim / 2 a power of two; not a
     failure deep in a kernel at the first decode."""
-    from types import SimpleNamespace
-
-    import torch
-
-    load_sglang_plugins()
-    from sglang_locks.plugin import attention_backend as ab
-
-    monkeypatch.setattr(ab, "get_parallel", lambda: SimpleNamespace(attn_tp_size=tp))
-    mc = SimpleNamespace(num_attention_heads=q_heads, get_num_kv_heads=lambda t: max(1, kv_heads // t),
-                         head_dim=head_dim, is_encoder_decoder=False)
-    runner = SimpleNamespace(model_config=mc, use_mla_backend=False, sliding_window_size=None,
-                             kv_cache_dtype=torch.bfloat16)
-    got = ab._unsupported(runner)
+    got = _load_time_reason(monkeypatch, q_heads, kv_heads, tp, head_dim)
     assert got == why if why is None else got.startswith(why)
 
 
@@ -136,16 +141,7 @@ def test_kv_pools_not_token_major_are_rejected_at_load(layout, why, monkeypatch)
     layouts (SGLANG_USE_HND_KVCACHE=1, the vectorized one) fail at load, naming the layout, not silently."""
     from types import SimpleNamespace
 
-    import torch
-
-    load_sglang_plugins()
-    from sglang_locks.plugin import attention_backend as ab
-
-    monkeypatch.setattr(ab, "get_parallel", lambda: SimpleNamespace(attn_tp_size=1))
-    mc = SimpleNamespace(num_attention_heads=32, get_num_kv_heads=lambda t: 8, head_dim=128, is_encoder_decoder=False)
-    runner = SimpleNamespace(model_config=mc, use_mla_backend=False, sliding_window_size=None,
-                             kv_cache_dtype=torch.bfloat16, token_to_kv_pool=SimpleNamespace(kv_cache_layout=layout))
-    got = ab._unsupported(runner)
+    got = _load_time_reason(monkeypatch, token_to_kv_pool=SimpleNamespace(kv_cache_layout=layout))
     assert got == why if why is None else got.startswith(why)
 
 
