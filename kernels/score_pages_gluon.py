@@ -106,16 +106,32 @@ def _rec(table, h, p, n_last, HKV: gl.constexpr, PAGE: gl.constexpr):
 
 
 @gluon.constexpr_function
-def _copy_layout(BP, num_warps, rank, vec, rows_over_threads=False):
-    """Copy layouts: each thread copies vec elements of one page, pages over (warp, thread // TP). A page's TP
-    threads split its row (rank 3: its rows, with rows_over_threads, where a row is one copy)."""
+def _copy_layout(BP, num_warps, rank, vec):
+    """Layouts of a step's page ids and scale copies: each thread takes vec elements of one page, pages over
+    (warp, thread // TP); a page's TP threads split its row (rank 3: its last dimension)."""
     BP, num_warps, rank, vec = (getattr(x, "value", x) for x in (BP, num_warps, rank, vec))
     ppw = BP // num_warps                 # pages per warp
     tp = 32 // ppw                        # threads per page
     if rank == 3:
-        threads = [ppw, tp, 1] if getattr(rows_over_threads, "value", rows_over_threads) else [ppw, 1, tp]
-        return gl.BlockedLayout([1, 1, vec], threads, [num_warps, 1, 1], [2, 1, 0])
+        return gl.BlockedLayout([1, 1, vec], [ppw, 1, tp], [num_warps, 1, 1], [2, 1, 0])
     return gl.BlockedLayout([1, vec], [ppw, tp], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _page_copy_layout(num_warps, pages, rows, row_bytes):
+    """Copy layout of a step's [pages, rows, row_bytes] records ([pages, row_bytes] where rows is 0) in 16-byte
+    copies, `pages` pages a warp instruction: each page's share of an instruction is one run of contiguous bytes
+    (a page's 16-byte pieces, row by row, over threads), further rows and pages over registers, pages over warps.
+    Against 8 pages an instruction, 64 bytes each (_copy_layout), DRAM serves the summaries faster: copied alone
+    at 94 % of copy bandwidth instead of 83 % (GLM-4-9B-1M 1M, whole pages an instruction,
+    results/summary_layout_probe_s28.json). In the kernels, where every thread computes an address per page it
+    copies, the basis two pages an instruction (256 bytes each) and the coefficients and centroids four (128
+    bytes) measured fastest (results/score_copy_layout_ab_s28.json)."""
+    num_warps, pages, rows, row_bytes = (getattr(x, "value", x) for x in (num_warps, pages, rows, row_bytes))
+    pieces = row_bytes // 16
+    if rows == 0:
+        return gl.BlockedLayout([1, 16], [pages, pieces], [num_warps, 1], [1, 0])
+    return gl.BlockedLayout([1, 1, 16], [pages, 32 // (pages * pieces), pieces], [num_warps, 1, 1], [2, 1, 0])
 
 
 @gluon.jit
@@ -133,21 +149,21 @@ def _stage_copy(smem_v, smem_c, smem_m, smem_s, smem_u, basis_ptr, coef_ptr, mu_
     """cp.async of one step's summaries (records rec [BP]) into one stage, 16 bytes per copy."""
     R: gl.constexpr = 8
     HALF: gl.constexpr = D // 2
-    cpv: gl.constexpr = _copy_layout(BP, num_warps, 3, 16)
-    cpm: gl.constexpr = _copy_layout(BP, num_warps, 2, 16)
+    cpv: gl.constexpr = _page_copy_layout(num_warps, 2, R, HALF)
+    cpc: gl.constexpr = _page_copy_layout(num_warps, 4, R, PAGE)
+    cpm: gl.constexpr = _page_copy_layout(num_warps, 4, 0, D)
     cps: gl.constexpr = _copy_layout(BP, num_warps, 2, 2)
-    r3 = gl.expand_dims(gl.expand_dims(rec, 1), 2)
-    # basis [BP, 8 ranks, 64 bytes], coefficients [BP, 8 ranks, 16 keys]
+    # basis [BP, 8 ranks, 64 bytes] (the records in its layout, which the other copies' convert from)
+    rec_v = gl.convert_layout(rec, gl.SliceLayout(1, gl.SliceLayout(2, cpv)))
+    r3 = gl.expand_dims(gl.expand_dims(rec_v, 1), 2)
     _, i, k = _idx3(BP, R, HALF, cpv)
     async_copy.async_copy_global_to_shared(smem_v, basis_ptr + (r3 * R + i) * HALF + k)
-    # a coefficient row (16 keys) is one copy: the page's threads take rows (cpv's pages per thread; its layout
-    # would have them copy each row 4 times)
-    cpc: gl.constexpr = _copy_layout(BP, num_warps, 3, 16, True)
-    rc = gl.expand_dims(gl.expand_dims(gl.convert_layout(rec, gl.SliceLayout(1, gl.SliceLayout(2, cpc))), 1), 2)
+    # coefficients [BP, 8 ranks, 16 keys]
+    rc = gl.expand_dims(gl.expand_dims(gl.convert_layout(rec_v, gl.SliceLayout(1, gl.SliceLayout(2, cpc))), 1), 2)
     _, i, k = _idx3(BP, R, PAGE, cpc)
     async_copy.async_copy_global_to_shared(smem_c, coef_ptr + rc * (R * PAGE) + i * PAGE + k)
     # centroids [BP, D] (rows BP.. of the stage stay zero), coefficient scales [BP, 8], centroid scales [BP]
-    r2 = gl.expand_dims(gl.convert_layout(rec, gl.SliceLayout(1, cpm)), 1)
+    r2 = gl.expand_dims(gl.convert_layout(rec_v, gl.SliceLayout(1, cpm)), 1)
     _, mk = _idx2(BP, D, cpm)
     async_copy.async_copy_global_to_shared(smem_m.slice(0, BP, 0), mu_ptr + r2 * D + mk)
     rs = gl.convert_layout(rec, gl.SliceLayout(1, cps))
