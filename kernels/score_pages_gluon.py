@@ -19,10 +19,11 @@ them. Here, per pair of pages and KV head, on one warp:
 
 Summary bytes reach shared memory by cp.async, 16 bytes per copy, one step
 ahead (two stages), the page ids of the step after that loaded meanwhile;
-the operands are read from shared memory. One warp per program. Each
-coefficient row is copied once (a 16-byte row per thread) and the centroid
-rows are swizzled: both were bank-conflict and instruction costs found by
-Nsight Compute (results/ncu_score_gluon_*_f9d8307.txt).
+the operands are read from shared memory. One warp per program. Each warp
+instruction copies runs of whole pages' bytes (_page_copy_layout: what DRAM
+serves fastest), each coefficient row is copied once and the centroid rows
+are swizzled (bank-conflict and instruction costs found by Nsight Compute,
+results/ncu_score_gluon_*_f9d8307.txt).
 
 Measured on the H200, one layer, distinct summaries per launch, against
 f9d8307's version of this kernel in the same run
