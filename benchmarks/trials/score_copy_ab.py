@@ -9,20 +9,47 @@ resolve against this tree's sglang_locks.kernels); a case runs the versions that
 (score_pages_gluon_heads at 16 query heads per KV head, score_pages_gluon otherwise) beside this tree's ("head").
 The first version named is the reference of the score differences reported. CASES=shape:batch:context,... runs
 only those of the cases below.
-(score_mu_swizzle_ab_s15.json and score_copy_ab_245011d.json came from this script's version at 245011d.)"""
-import json, os, sys
+BUILD_HEADS=1 gives each version of score_pages_gluon.py this tree's heads kernel built on it (for changes to what
+both kernels share, such as the summary copies). CHAIN=shape:batch:context,... also times the attention step of all
+layers (ChainStep, one CUDA graph) with each version's kernels swapped into sglang_locks.scoring, alternated 3 times;
+savings in us a layer against the first version, and whether each version's outputs equal the first's.
+(score_mu_swizzle_ab_s15.json and score_copy_ab_245011d.json came from this script's version at 245011d;
+score_copy_layout_ab_s28*.json from score_copy_layout_ab.py at 28ca243, since folded in here as BUILD_HEADS and CHAIN.)"""
+import json, os, sys, tempfile
 import torch
 sys.path.insert(0, "benchmarks")
 from attention_decode import SHAPES, copy_bandwidth_gbs, graph_ms, score_launched_alone
 sys.path.insert(0, "benchmarks/trials")
-from probe_inputs import load_kernel_version, score_inputs
+from probe_inputs import ChainStep, load_kernel_version, score_inputs
+from sglang_locks import scoring
 from sglang_locks.kernels import score_pages_gluon, score_pages_gluon_heads
 
 
+def load(name, path):
+    """A version's module (sglang_locks.kernels._score_NAME); with BUILD_HEADS=1 a version of score_pages_gluon.py
+    also gets this tree's heads kernel, importing from it."""
+    module = load_kernel_version(f"_score_{name}", path)
+    if os.environ.get("BUILD_HEADS") == "1" and not hasattr(module, "score_pages_gluon_heads"):
+        src = open(score_pages_gluon_heads.__file__).read().replace("from .score_pages_gluon import",
+                                                                    f"from ._score_{name} import")
+        heads_path = os.path.join(tempfile.mkdtemp(), f"_score_{name}_heads.py")
+        open(heads_path, "w").write(src)
+        module.score_pages_gluon_heads = load_kernel_version(f"_score_{name}_heads", heads_path).score_pages_gluon_heads
+    return module
+
+
 out_path = sys.argv[1]
-versions = [(name, load_kernel_version(f"_score_{name}", path)) for name, path in (a.split("=", 1) for a in sys.argv[2:])]
+versions = [(name, load(name, path)) for name, path in (a.split("=", 1) for a in sys.argv[2:])]
 versions += [("head", score_pages_gluon), ("head", score_pages_gluon_heads)]
 rows = []
+
+
+def save():
+    json.dump({"gpu": torch.cuda.get_device_name(), "git": os.environ.get("GIT_REV"), "date": os.environ.get("DATE"),
+               "command": "python " + " ".join(sys.argv), "copy_gbs": copy, "rows": rows},
+              open(out_path, "w"), indent=1)
+
+
 copy = copy_bandwidth_gbs()
 CASES = os.environ.get("CASES")
 for shape, bsz, context in (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("llama3.1-8b", 1, 1048576),
@@ -52,8 +79,35 @@ for shape, bsz, context in (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 26214
                **{f"{k}_copy_fraction": round(moved / sorted(v)[1] / 1e3 / copy, 3) for k, v in times.items()})
     rows.append(row)
     print(row, flush=True)
-    json.dump({"gpu": torch.cuda.get_device_name(), "git": os.environ.get("GIT_REV"), "date": os.environ.get("DATE"),
-               "command": "python " + " ".join(sys.argv), "copy_gbs": copy, "rows": rows},
-              open(out_path, "w"), indent=1)
+    save()
     del sums
+    torch.cuda.empty_cache()
+
+# The attention step: each version's (score_pages_gluon, score_pages_gluon_heads), the tree's where it has none.
+kernels = {}
+for name, m in versions:
+    gluon_fn, heads_fn = kernels.get(name, (score_pages_gluon.score_pages_gluon,
+                                            score_pages_gluon_heads.score_pages_gluon_heads))
+    kernels[name] = (getattr(m, "score_pages_gluon", gluon_fn), getattr(m, "score_pages_gluon_heads", heads_fn))
+first = next(iter(kernels))
+for case in filter(None, os.environ.get("CHAIN", "").split(",")):
+    shape, bsz, context = case.split(":")
+    bsz, context = int(bsz), int(context)
+    chain = ChainStep(shape, [context - 37 * i for i in range(bsz)])
+    times = {n: [] for n in kernels}
+    outs = {}
+    for _ in range(3):
+        for n, (gluon_fn, heads_fn) in kernels.items():
+            scoring.score_pages_gluon, scoring.score_pages_gluon_heads = gluon_fn, heads_fn
+            times[n].append(graph_ms(chain.run, 40))
+            outs.setdefault(n, chain.out.clone())
+    scoring.score_pages_gluon, scoring.score_pages_gluon_heads = kernels["head"]
+    med = {n: sorted(t)[1] for n, t in times.items()}
+    row = dict(part="attention step", shape=shape, batch=bsz, context=context, ms=times, median_ms=med,
+               saving_us_per_layer={n: (med[first] - m) * 1e3 / chain.layers for n, m in med.items()},
+               outputs_equal={n: torch.equal(o, outs[first]) for n, o in outs.items()})
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    save()
+    del chain
     torch.cuda.empty_cache()

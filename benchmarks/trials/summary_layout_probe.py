@@ -1,11 +1,14 @@
 """H200: is the score kernel bound by its memory access pattern? One layer, bs=1, CUDA-graph medians of 20 launches:
-the shipped score kernel against kernels that only copy its summaries into shared memory as it does (same
-programs, steps, cp.async stages, no arithmetic), for four layouts of the same bytes:
+the score kernel against a plain contiguous read of the same bytes (`read`) and kernels that only copy the
+summaries into shared memory as b0d716d's score kernels did (same programs, steps, cp.async stages, no arithmetic;
+8 pages an instruction, 64 bytes of each), for four layouts of the same bytes:
 
-    split      the shipped PageSummaries: five tensors (basis, coef, mu, coef_scale, mu_scale), record page * H + h
+    split      PageSummaries: five tensors (basis, coef, mu, coef_scale, mu_scale), record page * H + h
     split_hm   the five tensors head-major: record h * pages + page (each program streams contiguous bytes)
     packed     one 832-byte record per (page, KV head) holding all five, record page * H + h
     packed_hm  the packed records head-major
+
+and, on split, whole pages an instruction (`wide`), 3 stages (`s3`) and 16-page steps (`bp16`).
 
     OUT=DIR python benchmarks/trials/summary_layout_probe.py   (from the repository root; writes DIR/summary_layout_probe.json)
 """
@@ -216,7 +219,7 @@ def main():
             _read_kernel[(132 * 8,)](words[i % 2], red, words[0].numel(), BLOCK=2048, num_warps=4)
         outs = torch.zeros(hkv * 16 * 132, device="cuda")
         fns = {"kernel": real, "read": read,
-               **{f"copy_{n}": copy_only(n) for n in ("split", "packed")},
+               **{f"copy_{n}": copy_only(n) for n in ("split", "split_hm", "packed", "packed_hm")},
                "copy_wide": copy_depth(2, 8, wide=True), "copy_wide_s3": copy_depth(3, 8, wide=True),
                "copy_wide_bp16": copy_depth(2, 16, wide=True), "copy_s3": copy_depth(3, 8),
                "copy_bp16": copy_depth(2, 16)}
