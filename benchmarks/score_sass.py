@@ -34,7 +34,8 @@ from attention_decode import SHAPES
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 POINTERS = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8",
                 coef_scale_ptr="*fp32", req_to_token_ptr="*i32", req_pool_ptr="*i32", seq_lens_ptr="*i32",
-                cand_pages_ptr="*i32", cand_slots_ptr="*i32", est_ptr="*fp32", scores_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+                cand_pages_ptr="*i32", cand_slots_ptr="*i32", est_ptr="*fp32", scores_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32",
+                mass_ptr="*fp64")
 ALIGNED = set(POINTERS) | {"stride_qb", "stride_qh", "stride_rt"}
 
 
@@ -76,9 +77,9 @@ def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_s
 
 
 def compile_gluon_kernel(group, kv_heads, index="*i32", heads_on_rows=None):
-    """The Gluon score kernel for sm_90 as the launcher builds it (int8-int4-int8, head_dim 128, rank 8):
-    score_pages_gluon, or at 16 query heads per KV head (heads_on_rows None: as the launcher picks)
-    score_pages_gluon_heads; seq_lens and request indices of type index."""
+    """The Gluon score kernel for sm_90 as the decode step launches it (int8-int4-int8, head_dim 128, rank 8,
+    adding up each query head's mass): score_pages_gluon, or at 16 query heads per KV head (heads_on_rows None:
+    as the launcher picks) score_pages_gluon_heads; seq_lens and request indices of type index."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from sglang_locks.kernels import score_pages_gluon as m, score_pages_gluon_heads as heads
@@ -87,7 +88,7 @@ def compile_gluon_kernel(group, kv_heads, index="*i32", heads_on_rows=None):
     fn = heads._score_pages_heads_kernel if heads_on_rows else m._score_pages_gluon_kernel
     names = fn.arg_names
     consts = dict(HKV=kv_heads, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, PDL=1, KEEP="evict_last",
-                  num_warps=1)
+                  MASS=1, num_warps=1)
     if not heads_on_rows:
         consts.update(G=group, NC=max(8, 2 * group))
     ptrs = dict(POINTERS, req_pool_ptr=index, seq_lens_ptr=index)

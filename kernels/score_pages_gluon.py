@@ -254,16 +254,22 @@ def _store_scores(scores_ptr, out_row, max_pages, p, valid, s2, run_m, run_s, KE
 
 
 @gluon.jit
-def _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, row0, G: gl.constexpr,
-                    GH: gl.constexpr, AXIS: gl.constexpr, KEEP: gl.constexpr):
+def _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, mass_ptr, run_m, run_s, row0,
+                    G: gl.constexpr, GH: gl.constexpr, AXIS: gl.constexpr, KEEP: gl.constexpr, MASS: gl.constexpr):
     """The program's chunk partials: per query head (max, sum) of its running per-position ones, reduced along
-    the positions' page axis AXIS; heads row0 + [0, G) of the GH (padded) along the other."""
+    the positions' page axis AXIS; heads row0 + [0, G) of the GH (padded) along the other. MASS > 0: each head's
+    chunk mass also added to mass_ptr[head, chunk % MASS] (float64, see launch_score_kernel)."""
     hm = gl.max(run_m, AXIS)
     hs = gl.sum(gl.where(run_s > 0, run_s * gl.exp2(run_m - gl.expand_dims(hm, AXIS)), 0.0), AXIS)
     gg = gl.arange(0, GH, layout=hm.type.layout)
     part = (row0 + gg).to(gl.int64) * part_stride + part_first + gl.program_id(1)  # the chunk
     gl.store(part_max_ptr + part, hm * _LN2, mask=gg < G, eviction_policy=KEEP)
     gl.store(part_sum_ptr + part, hs, mask=gg < G, eviction_policy=KEEP)
+    if MASS > 0:
+        # hs * 2^hm in float64 (2^-1022..2^1023: log2 masses within +-1000, i.e. page scores within ~690 nats)
+        hm64 = gl.minimum(gl.maximum(gl.where(hs > 0, hm, 0.0), -1000.0), 1000.0).to(gl.float64)
+        slot = (row0 + gg).to(gl.int64) * MASS + gl.program_id(1) % MASS
+        gl.atomic_add(mass_ptr + slot, hs.to(gl.float64) * gl.exp2(hm64), mask=(gg < G) & (hs > 0), sem="relaxed")
 
 
 @gluon.jit
@@ -271,10 +277,10 @@ def _score_pages_gluon_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
-    scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
+    scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first, mass_ptr,
     max_pages, n_chunks, scale_log2,
     HKV: gl.constexpr, G: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, NC: gl.constexpr,
-    PAIRS: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, KEEP: gl.constexpr,
+    PAIRS: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, KEEP: gl.constexpr, MASS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     R: gl.constexpr = 8
@@ -382,8 +388,8 @@ def _score_pages_gluon_kernel(
         run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, (p < end) & (pos_head < G), s2, run_m, run_s,
                                      KEEP)
     async_copy.wait_group(0)
-    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, GH, 0,
-                    KEEP)
+    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, mass_ptr, run_m, run_s, b * HKV * G + h * G,
+                    G, GH, 0, KEEP, MASS)
 
 
 def gluon_applies(q: torch.Tensor, summaries) -> bool:
@@ -404,9 +410,10 @@ def _sm80_or_later(device_index: int) -> bool:
 
 
 def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, chunk_pages=None,
-                      out=None, pairs=STEP_PAIRS, stages=SMEM_STAGES, num_warps=1):
+                      out=None, pairs=STEP_PAIRS, stages=SMEM_STAGES, num_warps=1, mass=None):
     """score_pages_triton's "full" launch (same arguments, outputs and chunking) where gluon_applies.
-    pairs: page pairs per warp and step; stages: steps in shared memory; num_warps: warps per program."""
+    pairs: page pairs per warp and step; stages: steps in shared memory; num_warps: warps per program;
+    mass: see launch_score_kernel."""
     if not gluon_applies(q, summaries):
         raise ValueError("score_pages_gluon needs a CUDA GPU (sm80+), int8-int4-int8 summaries of rank 8 (basis under "
                          "2**31 bytes), head_dim 128 and a power-of-two group of at most 16 query heads per KV head")
@@ -414,15 +421,23 @@ def score_pages_gluon(q, summaries, req_to_token, req_pool_indices, seq_lens, ma
         raise ValueError(f"pairs must be 1, 2, 4, 8 or 16 and num_warps 1, 2 or 4, got {pairs}, {num_warps}")
     group = q.shape[1] // summaries.num_kv_heads
     return launch_score_kernel(_score_pages_gluon_kernel, "score", q, summaries, req_to_token, req_pool_indices,
-                               seq_lens, max_pages, sm_scale, chunk_pages, out, 2 * pairs * num_warps,
+                               seq_lens, max_pages, sm_scale, chunk_pages, out, 2 * pairs * num_warps, mass,
                                G=group, NC=max(8, 2 * group), PAIRS=pairs * num_warps, STAGES=stages,
                                num_warps=num_warps)
 
 
 def launch_score_kernel(kernel, chain, q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                        chunk_pages, out, block_pages, **consts):
+                        chunk_pages, out, block_pages, mass=None, **consts):
     """Launch a Gluon score kernel over (request x KV head, chunk) programs of block_pages-page steps: its outputs
     (scores, part_max, part_sum) allocated or the caller's (out), consts its own compile-time arguments.
+
+    mass: None, or float64 [>= B * Hq, slots] zeros (or masses of earlier launches) to which each program adds
+    its chunk's mass per query head (sum_pages e^score, in float64: ln of the slots' sum is the head's
+    log-sum-exp) at slot chunk % slots (the programs of a row end together: one address each would queue
+    them), so that the selection after it reads each head's total instead of merging the chunks' partials
+    (its mass argument: selected_indices_triton). H200, attention step of all layers against the selection
+    merging the partials (results/mass_ab_s29.json), us a layer saved with 8 / 1 / 32 slots: GLM-4-9B-1M bs=1 1M
+    4.7 / -0.1 / 4.6, 128K 2.1 / -1.1 / 1.9; Llama-3.1-8B bs=1 128K -0.3 / -0.7 / 0.3 (scoring.MASS_MIN_GROUP).
 
     chain: the kernel's name in the decode chain (_triton.dependent_launch). Launched as a dependent, a program
     reads its row's page table and puts its first summaries in flight before it waits for the kernel before
@@ -437,14 +452,19 @@ def launch_score_kernel(kernel, chain, q, summaries, req_to_token, req_pool_indi
     hkv = summaries.num_kv_heads
     chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, block_pages, chunk_pages)
     scores, part_max, part_sum, first = score_outputs(bsz, hq, max_pages, n_chunks, q.device, out)
+    if mass is not None and (mass.dtype != torch.float64 or mass.dim() != 2 or mass.shape[0] < bsz * hq
+                             or not mass.is_contiguous()):
+        raise ValueError(f"mass must be a contiguous float64 [>= {bsz * hq}, slots] tensor, got {mass.dtype} "
+                         f"{tuple(mass.shape)}")
     if q.stride(2) != 1:
         q = q.contiguous()
     kernel[(bsz * hkv, n_chunks)](
         q, q.stride(0), q.stride(1),
         summaries.mu, summaries.mu_scale, summaries.basis, summaries.coef, summaries.coef_scale,
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
-        scores, part_max, part_sum, part_max.shape[-1], first,
+        scores, part_max, part_sum, part_max.shape[-1], first, part_sum if mass is None else mass,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, chain), KEEP=l2_keep(), **consts,
+        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, chain), KEEP=l2_keep(), MASS=0 if mass is None else mass.shape[1],
+        **consts,
     )
     return scores, part_max, part_sum

@@ -45,10 +45,10 @@ def _score_pages_heads_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr,
-    scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first,
+    scores_ptr, part_max_ptr, part_sum_ptr, part_stride, part_first, mass_ptr,
     max_pages, n_chunks, scale_log2,
     HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, PAIRS: gl.constexpr, STAGES: gl.constexpr,
-    PDL: gl.constexpr, KEEP: gl.constexpr, num_warps: gl.constexpr,
+    PDL: gl.constexpr, KEEP: gl.constexpr, MASS: gl.constexpr, num_warps: gl.constexpr,
 ):
     G: gl.constexpr = 16               # query heads per KV head
     MQ: gl.constexpr = 2 * G           # query plane rows
@@ -164,15 +164,15 @@ def _score_pages_heads_kernel(
         p = p0 + pos_page
         run_m, run_s = _store_scores(scores_ptr, out_row, max_pages, p, p < end, s2, run_m, run_s, KEEP)
     async_copy.wait_group(0)
-    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, run_m, run_s, b * HKV * G + h * G, G, G, 1,
-                    KEEP)
+    _store_partials(part_max_ptr, part_sum_ptr, part_stride, part_first, mass_ptr, run_m, run_s, b * HKV * G + h * G,
+                    G, G, 1, KEEP, MASS)
 
 
 def score_pages_gluon_heads(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                            chunk_pages=None, out=None, pairs=STEP_PAIRS, stages=SMEM_STAGES):
+                            chunk_pages=None, out=None, pairs=STEP_PAIRS, stages=SMEM_STAGES, mass=None):
     """score_pages_gluon's launch (same arguments, outputs and chunking) for 16 query heads per KV head."""
     if not gluon_applies(q, summaries) or q.shape[1] != 16 * summaries.num_kv_heads:
         raise ValueError("score_pages_gluon_heads needs score_pages_gluon's conditions and 16 query heads per KV head")
     return launch_score_kernel(_score_pages_heads_kernel, "score_heads", q, summaries, req_to_token,
-                               req_pool_indices, seq_lens, max_pages, sm_scale, chunk_pages, out, 2 * pairs,
+                               req_pool_indices, seq_lens, max_pages, sm_scale, chunk_pages, out, 2 * pairs, mass,
                                PAIRS=pairs, STAGES=stages, num_warps=1)

@@ -14,7 +14,8 @@ Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
 and ranked by one-byte keys (page_key: the page's share of its group's
 estimated mass in steps of 1/16 nat); top-k is a counting select over a row's
 pages, which several programs share, in two phases (2 and 3; phase 1 first
-where a row's score partials are many, split_merge):
+where a row's score partials are many, split_merge, unless the score kernel
+added up each query head's mass for it, mass):
 
   1. each program merges a slice of the score kernel's chunk partials into
      each head's (max, sum), and after a row barrier each merges the row's
@@ -83,6 +84,7 @@ PAGE_BLOCK = 512  # pages per program, before the grid's cap (selection_parts)
 TILE_VALUES = 8192  # most [G, tile] scores a program loads at once
 SELECT_WARPS = 4
 SPLIT_MERGE_ABOVE = 2048  # score partials (chunks x query heads) a row's programs each merge whole
+MASS_SLOTS = 8  # float64 sums per query head that a score kernel's programs add their masses to
 
 
 @triton.jit
@@ -126,6 +128,14 @@ def _arrive_and_wait(arrived_ptr, target, SYNC: tl.constexpr):
         while seen < target:
             seen = tl.atomic_add(arrived_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
+
+
+@triton.jit
+def _clear_mass(mass_ptr, qrows, gmask, BLOCK_G: tl.constexpr, SLOTS: tl.constexpr):
+    """Zero the query heads' mass slots for the next score launch."""
+    slots = tl.arange(0, SLOTS)
+    tl.store(mass_ptr + qrows[:, None] * SLOTS + slots[None, :], tl.zeros((BLOCK_G, SLOTS), tl.float64),
+             mask=gmask[:, None])
 
 
 @triton.jit
@@ -196,10 +206,10 @@ def _select_kernel(
     scores_ptr, part_max_ptr, part_sum_ptr, max_pages, n_score_chunks, part_stride,
     req_to_token_ptr, stride_rt, req_pool_ptr, seq_lens_ptr, indptr_ptr, indices_ptr, last_len_ptr,
     cand_pages_ptr, cand_slots_ptr, n_cand, keys_ptr, hist_ptr, arrived_ptr, suffix_ptr, slice_max_ptr, slice_sum_ptr,
-    sink_pages, local_pages, budget_pages, parts,
+    mass_ptr, sink_pages, local_pages, budget_pages, parts,
     new_k_ptr, new_v_ptr, stride_nkb, stride_nkh, stride_nvb, stride_nvh, k_cache_ptr, v_cache_ptr, loc_ptr, n_slots,
     HKV: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SLICE: tl.constexpr,
-    SPLIT: tl.constexpr, PAGE: tl.constexpr,
+    SPLIT: tl.constexpr, MASS: tl.constexpr, PAGE: tl.constexpr,
     BLOCK: tl.constexpr, SMALL: tl.constexpr, TILES: tl.constexpr, PARTS_P2: tl.constexpr, MODE: tl.constexpr,
     LOG_G: tl.constexpr, PHASE: tl.constexpr, SYNC: tl.constexpr, STAGE: tl.constexpr, PDL: tl.constexpr,
     WRITE_KV: tl.constexpr, D: tl.constexpr,
@@ -252,6 +262,9 @@ def _select_kernel(
     bins = tl.arange(0, HIST_BINS)
     key_row = keys_ptr + row.to(tl.int64) * max_pages
     part_suffix = suffix_ptr + (row * parts + part).to(tl.int64) * HIST_BINS
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    qrows = (b * HKV * G + h * G + g).to(tl.int64)
 
     if n_sealed <= budget_pages:  # every sealed page, in order (the same for all of the row's programs)
         if (PHASE == 0) | (PHASE == 3):
@@ -260,10 +273,9 @@ def _select_kernel(
                 live = p < end
                 page, slot = _item(p, live, table, cand_pages, cand_slots, PAGE, STAGE)
                 _write(out, out_slots, p, page, slot, live, HKV, h, STAGE)
+        if MASS > 0:  # not read: cleared for the next launch
+            _clear_mass(mass_ptr, qrows, gmask & (part == 0), BLOCK_G, MASS)
     else:
-        g = tl.arange(0, BLOCK_G)
-        gmask = g < G
-        qrows = (b * HKV * G + h * G + g).to(tl.int64)
         if SPLIT:
             # Each program merges a slice of the score chunks' partials, then each merges the row's slices,
             # instead of every program reading all of the row's partials (GLM-4-9B-1M bs=1: 528 chunks x 16
@@ -278,7 +290,12 @@ def _select_kernel(
                 tl.store(slice_sum_ptr + srows * parts + part, sm, mask=gmask)
             _arrive_and_wait(arrived_ptr + row, parts, SYNC)
         if (PHASE == 0) | (PHASE == 2):
-            if SPLIT:
+            if MASS > 0:  # each head's total from the score kernel; 0 for a head without pages, as row_lse
+                slots = tl.arange(0, MASS)
+                mass = tl.sum(tl.load(mass_ptr + qrows[:, None] * MASS + slots[None, :], mask=gmask[:, None],
+                                      other=0.0, cache_modifier=".cg"), 1)
+                lse = tl.where(mass > 0, tl.log(tl.where(mass > 0, mass, 1.0)), 0.0).to(tl.float32)
+            elif SPLIT:
                 lse = row_lse(slice_max_ptr, slice_sum_ptr, srows, gmask, parts, parts, BLOCK_G, BLOCK_N, ".cg")
             else:
                 lse = row_lse(part_max_ptr, part_sum_ptr, qrows, gmask, n_score_chunks, part_stride, BLOCK_G, BLOCK_N,
@@ -327,6 +344,8 @@ def _select_kernel(
             if done:
                 tl.store(hist_ptr + row * HIST_BINS + bins, tl.zeros((HIST_BINS,), tl.int32))
                 tl.store(arrived_ptr + row, 0)
+                if MASS > 0:
+                    _clear_mass(mass_ptr, qrows, gmask, BLOCK_G, MASS)
     if STAGE != 1:
         if (part == 0) & ((PHASE == 0) | (PHASE == 3)):
             tail = seq_len - n_sealed * PAGE
@@ -371,11 +390,14 @@ class CacheWrite(NamedTuple):
 
 class SelectionState:
     """What selected_indices_triton keeps between launches: per row a key histogram and a barrier
-    counter, zero between launches (the kernel clears them). One per stream of launches."""
+    counter, and per query head (up to max_group a row) the float64 mass a score kernel adds up for the
+    selection after it (score_pages_gluon's mass), all zero between launches (the kernel clears them).
+    One per stream of launches."""
 
-    def __init__(self, max_rows: int, device) -> None:
+    def __init__(self, max_rows: int, device, max_group: int = 16) -> None:
         self.hist = torch.zeros(max_rows, HIST_BINS.value, dtype=torch.int32, device=device)
         self.arrived = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.mass = torch.zeros(max_rows * max_group, MASS_SLOTS, dtype=torch.float64, device=device)
 
 
 def selection_parts(rows: int, items: int, device: torch.device, group: int, block: int = None) -> int:
@@ -438,12 +460,16 @@ _STAGES = {"pages": 0, "candidates": 1, "among_candidates": 2}
 
 def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token, req_pool_indices, seq_lens, indptr,
                    indices, last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages,
-                   state, cache_write: CacheWrite = None):
+                   state, cache_write: CacheWrite = None, mass: torch.Tensor = None):
     bsz, hq, width = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
     if rows > state.arrived.numel():
         raise ValueError(f"{rows} rows exceed the SelectionState's {state.arrived.numel()}")
+    if mass is not None and (mass.dtype != torch.float64 or mass.dim() != 2 or mass.shape[0] < bsz * hq
+                             or not mass.is_contiguous() or mass.shape[1] & (mass.shape[1] - 1) or stage != "pages"):
+        raise ValueError(f"mass must be a contiguous float64 [>= {bsz * hq}, power-of-two slots] tensor (a selection "
+                         f"of every sealed page), got {mass.dtype} {tuple(mass.shape)} ({stage})")
     if candidates is None:
         cand_pages = cand_slots = seq_lens  # not read
         n_cand = 0
@@ -471,17 +497,18 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
         block, small = selection_tiles(width, parts, group)
         keys = torch.empty(rows, width, dtype=torch.int32, device=device)
         suffix = torch.empty(rows, parts, HIST_BINS.value, dtype=torch.int32, device=device)
-        split = split_merge(n_chunks, parts, group)
+        split = mass is None and split_merge(n_chunks, parts, group)
         # the slices' (max, sum) scratch [rows, G, parts], only where the partials are merged in slices
         slices = (torch.empty(2, rows, group, parts, dtype=torch.float32, device=device) if split
                   else (part_max, part_sum))  # not read
         args = (scores, part_max, part_sum, width, n_chunks, part_max.shape[-1],
                 req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, indptr, indices, last_page_len,
                 cand_pages, cand_slots, n_cand, keys, state.hist, state.arrived, suffix, slices[0], slices[1],
-                sink_pages, local_pages, budget_pages, parts, *write_args)
+                slices[0] if mass is None else mass, sink_pages, local_pages, budget_pages, parts, *write_args)
         consts = dict(**write_consts, HKV=num_kv_heads, G=group, BLOCK_G=triton.next_power_of_2(group),
                       BLOCK_N=partials_block(parts if split else n_chunks, group),
-                      BLOCK_SLICE=partials_block(triton.cdiv(n_chunks, parts), group), SPLIT=int(split), PAGE=16,
+                      BLOCK_SLICE=partials_block(triton.cdiv(n_chunks, parts), group), SPLIT=int(split),
+                      MASS=0 if mass is None else mass.shape[1], PAGE=16,
                       BLOCK=block, SMALL=small,
                       TILES=triton.cdiv(triton.cdiv(max(width, 1), parts), block),
                       PARTS_P2=triton.next_power_of_2(parts), MODE=AGGREGATIONS[mode],
@@ -494,9 +521,12 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
         for phase in (1, 2, 3) if consts["SPLIT"] else (2, 3):
             _select_kernel[(rows, parts)](*args, **{**consts, "PHASE": phase, "SYNC": False, "PDL": 0})
         state.hist.zero_()
+        if mass is not None:
+            mass.zero_()
         return
     key = (device.index, rows, parts, width, n_chunks, group, num_kv_heads, mode, stage, req_to_token.dtype,
-           seq_lens.dtype, req_pool_indices.dtype, launch["PDL"], write_consts["D"] if cache_write else 0)
+           seq_lens.dtype, req_pool_indices.dtype, launch["PDL"], write_consts["D"] if cache_write else 0,
+           0 if mass is None else mass.shape[1])
     if key not in _RESIDENT_PARTS:
         _RESIDENT_PARTS[key] = _resident_grid(grid, rows, parts, num_sms(device), launch)
     parts = _RESIDENT_PARTS[key]
@@ -531,7 +561,8 @@ def resident_parts(rows: int, parts: int, sms: int, per_sm: int) -> int:
 
 def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
                             last_page_len, num_kv_heads, sink_pages, local_pages, mode, budget_pages,
-                            state: SelectionState, candidates: torch.Tensor = None, cache_write: CacheWrite = None):
+                            state: SelectionState, candidates: torch.Tensor = None, cache_write: CacheWrite = None,
+                            mass: torch.Tensor = None):
     """Select and write page entries, from the scoring kernel's outputs.
 
     scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton,
@@ -542,7 +573,10 @@ def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_i
     (candidate_pages_triton's list), scores are in candidate order [B, Hq, M]
     and the top pages are chosen among each row's candidates, in candidate
     (= logical) order. With cache_write, it also writes the step's keys and
-    values into the caches (CacheWrite).
+    values into the caches (CacheWrite). With mass (float64 [>= B * Hq,
+    slots], no candidates), each query head's total mass that the score
+    kernel added up there (score_pages_gluon's mass; state.mass) is read
+    instead of the partials, and zeroed for the next launch.
     """
     stage = "pages" if candidates is None else "among_candidates"
     rows = scores.shape[0] * num_kv_heads
@@ -551,7 +585,7 @@ def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_i
                          f"{last_page_len.dtype}")
     _launch_select(stage, scores, part_max, part_sum, None, req_to_token, req_pool_indices, seq_lens, indptr, indices,
                    last_page_len, candidates, num_kv_heads, sink_pages, local_pages, mode, budget_pages, state,
-                   cache_write)
+                   cache_write, mass)
     return indices
 
 

@@ -62,13 +62,14 @@ class LocksDecode:
         """Score, then select the pages each row attends (and, with cache_write, write the step's keys and values
         into the caches, which the sparse decode reads next)."""
         cfg = self.config
-        *scored, candidates = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens,
-                                                  self.max_pages, self.sm_scale, cfg, self.selection_state,
-                                                  self.candidates, self.score_options)
+        *scored, candidates, mass = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens,
+                                                        self.max_pages, self.sm_scale, cfg, self.selection_state,
+                                                        self.candidates, self.score_options)
         sparse = self.sparse
         selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, sparse.indptr, sparse.indices,
                                 sparse.last_page_len, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
-                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, candidates, cache_write)
+                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, candidates, cache_write,
+                                mass)
 
     def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens,
             new_kv=None):

@@ -25,6 +25,13 @@ from .selection import select_pages
 from .summaries import PageSummaries
 
 
+# The Gluon score kernels add up each query head's mass for the selection (launch_score_kernel's mass) from this
+# many query heads per KV head. H200, attention step of all layers against the selection merging the partials
+# (results/mass_ab_s29.json, us a layer saved): GLM-4-9B-1M (16) bs=1 1M 4.7, 128K 2.1, bs=8 256K 1.5;
+# Llama-3.1-8B (4) -0.1 to -0.5, where each selection program merges a few partials at no cost.
+MASS_MIN_GROUP = 8
+
+
 def prefiltered(config: LocksConfig, max_pages: int) -> bool:
     """Whether steps with score buffers max_pages wide run the prefilter (below, every page is a candidate)."""
     return 0 < config.candidate_pages < max_pages
@@ -36,31 +43,42 @@ def candidate_buffer(rows: int, config: LocksConfig, device) -> torch.Tensor:
     return torch.zeros(2, rows, config.candidate_pages, dtype=torch.int32, device=device)
 
 
+def full_score_kernel(q, summaries, options: dict) -> str:
+    """The kernel score_pages_full launches with these options: "gluon" or "triton"."""
+    kernel = options.get("kernel")
+    if kernel is None:
+        gluon = gluon_applies(q, summaries) and not options.keys() - {"chunk_pages", "out", "mass"}
+        kernel = "gluon" if gluon else "triton"
+    if kernel not in ("gluon", "triton"):
+        raise ValueError(f"kernel must be 'gluon' or 'triton', got {kernel!r}")
+    return kernel
+
+
 def score_pages_full(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, **options):
     """Every sealed page scored in full: score_pages_gluon where it applies (gluon_applies: int8-int4-int8
     summaries of rank 8 on a GPU; 1.3-1.5x faster on the H200; at 16 query heads per KV head its heads-on-rows
     form, score_pages_gluon_heads, 1.1-1.4x faster again), score_pages_triton otherwise. options: kernel="gluon" or
-    "triton" to choose, chunk_pages and out (either kernel's), or score_pages_triton's other launch
-    options (which choose it)."""
-    kernel = options.pop("kernel", None)
-    if kernel is None:
-        kernel = "gluon" if gluon_applies(q, summaries) and not options.keys() - {"chunk_pages", "out"} else "triton"
+    "triton" to choose, chunk_pages and out (either kernel's), mass (the Gluon kernels': launch_score_kernel), or
+    score_pages_triton's other launch options (which choose it)."""
+    kernel = full_score_kernel(q, summaries, options)
+    options.pop("kernel", None)
     args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
     if kernel == "gluon":
         heads_on_rows = q.shape[1] == 16 * summaries.num_kv_heads
         return (score_pages_gluon_heads if heads_on_rows else score_pages_gluon)(*args, **options)
-    if kernel != "triton":
-        raise ValueError(f"kernel must be 'gluon' or 'triton', got {kernel!r}")
     return score_pages_triton(*args, **options)
 
 
 def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
                         config: LocksConfig, state: SelectionState, candidates: torch.Tensor = None,
                         score_options: dict = None):
-    """(scores, part_max, part_sum, candidates) for selected_indices_triton.
+    """(scores, part_max, part_sum, candidates, mass) for selected_indices_triton.
 
     Without the prefilter: score_pages_full's scores [B, Hq, max_pages] and
-    partials, candidates None. Prefiltered: the candidates' full scores
+    partials, candidates None; where the Gluon kernels score MASS_MIN_GROUP
+    or more query heads per KV head, mass is state.mass, to which they add
+    each query head's mass (else None).
+    Prefiltered (mass None): the candidates' full scores
     [B, Hq, M] in candidate order, the partials of the estimate and candidate
     launches side by side, and the candidate list (candidates, a
     candidate_buffer of >= B * H_kv rows; allocated when None). state: the
@@ -71,7 +89,9 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
     opts = dict(score_options or {})
     args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
     if not prefiltered(config, max_pages):
-        return (*score_pages_full(*args, **opts), None)
+        gluon = full_score_kernel(q, summaries, opts) == "gluon"
+        mass = state.mass if gluon and q.shape[1] >= MASS_MIN_GROUP * summaries.num_kv_heads else None
+        return (*score_pages_full(*args, **opts, **({} if mass is None else {"mass": mass})), None, mass)
     opts.pop("kernel", None)
     bsz, hq, _ = q.shape
     hkv = summaries.num_kv_heads
@@ -90,7 +110,7 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
     scores = torch.empty(bsz, hq, m, dtype=torch.float32, device=q.device)
     score_pages_triton(*args, terms="candidates", candidates=candidates, estimates=estimates,
                        out=(scores, part_max, part_sum, n_estimate), **opts)
-    return scores, part_max, part_sum, candidates
+    return scores, part_max, part_sum, candidates, None
 
 
 def locks_aggregate_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,

@@ -37,6 +37,21 @@ def random_cache(seq_lens, num_kv_heads, head_dim, precision="int8-int4-int8", r
     )
 
 
+def assert_head_mass(mass, before, part_max, part_sum, ref, tol):
+    """The float64 masses a Gluon score launch added to mass [B * Hq, slots] (each slot of which held before):
+    each query head's sum of e^score over its sealed pages, chunk c's at slot c % slots, against the launch's
+    own chunk partials (to float32 rounding) and the float64 reference scores ref [B, Hq, P] (to tol)."""
+    n, slots = ref.shape[0] * ref.shape[1], mass.shape[1]
+    chunk_mass = (part_sum.double() * part_max.double().exp()).flatten(0, 1)  # [B * Hq, chunks]
+    own = torch.zeros(n, slots, dtype=torch.float64, device=mass.device)
+    own.index_add_(1, torch.arange(chunk_mass.shape[1], device=mass.device) % slots, chunk_mass)
+    assert mass.dtype == torch.float64 and torch.allclose(mass[:n] - before, own, rtol=1e-5, atol=1e-12)
+    got = (mass[:n] - before).sum(-1)
+    want = torch.where(torch.isfinite(ref), ref.exp(), 0).sum(-1).flatten().to(mass.device)
+    assert torch.allclose(got, want, rtol=tol, atol=0)
+    assert (mass[n:] == before).all()  # only the launch's heads
+
+
 def assert_chunk_partials(part_max, part_sum, ref, seq_lens, block_pages, tol):
     """A score launch's chunk partials (max, sum of exp of each program's scores; a row's sealed pages split
     over its chunks in whole blocks of block_pages) against the float64 reference scores ref [B, Hq, P]."""

@@ -65,6 +65,9 @@ def test_locks_step_matches_reference(seq_lens, hkv, group, precision, prefilter
     dec = LocksDecode(cfg, _workspace(), hkv * group, hkv, 128, bsz)
     dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
     out = dec.run(q, c["k_cache"], c["v_cache"], c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
+    state = dec.selection_state
+    # cleared for the next launch: the barrier counters, histograms and the masses the score kernel added up
+    assert not state.hist.any() and not state.arrived.any() and not state.mass.any()
     indptr, last_page_len = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
     got = dec.sparse.indices[: int(indptr[-1])].cpu()
     # Attention over the pages the GPU picked, within bf16 precision.
@@ -218,6 +221,7 @@ def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeyp
         chain()
         monkeypatch.setenv("SGLANG_LOCKS_PDL", every)
         assert torch.equal(replayed, torch.stack(qs[1:]))
+        assert not dec.selection_state.mass.any()
 
 
 @pytest.mark.parametrize("kernel", SPARSE_DECODE_KERNELS)

@@ -53,13 +53,14 @@ from sglang_locks.kernels import selected_indices as m
 def build(index, **consts):
     # _select_kernel for sm_90: G = 4 and one PAGE_BLOCK tile unless consts say otherwise, writing the step's keys
     # and values (as in SGLang); seq_lens and request indices of type index
-    consts = {**dict(HKV=8, G=4, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=0, PAGE=16, BLOCK=m.PAGE_BLOCK,
+    consts = {**dict(HKV=8, G=4, BLOCK_N=128, BLOCK_SLICE=16, SPLIT=0, MASS=0, PAGE=16, BLOCK=m.PAGE_BLOCK,
                      SMALL=m.PAGE_BLOCK, TILES=1, PARTS_P2=8, MODE=0, PHASE=0, SYNC=True, STAGE=0, PDL=1,
                      WRITE_KV=1, D=128), **consts}
     consts.update(BLOCK_G=consts["G"], LOG_G=math.log(consts["G"]))
     names = m._select_kernel.arg_names
     floats = ("scores_ptr", "part_max_ptr", "part_sum_ptr", "slice_max_ptr", "slice_sum_ptr")
-    sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else index if n in ("seq_lens_ptr", "req_pool_ptr")
+    sig = {n: "constexpr" if n in consts else "*fp32" if n in floats else "*fp64" if n == "mass_ptr"
+           else index if n in ("seq_lens_ptr", "req_pool_ptr")
            else "*i32" if n.endswith("_ptr") else "i32" for n in names}
     src = ASTSource(fn=m._select_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=m.SELECT_WARPS))
@@ -68,10 +69,12 @@ def build(index, **consts):
 SELECT_BUILD_LOOP = """
 import itertools
 # pages to entries, to a candidate list; candidates to entries; with a small tile for short rows or not; a
-# program's span in one tile or several; the score partials merged whole or in slices (a second barrier)
-configs = [(*c, 0) for c in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4), (1, 2))]
-for stage, small, tiles, split in configs + [(0, m.PAGE_BLOCK // 4, 1, 1), (1, m.PAGE_BLOCK, 2, 1)]:
-    ptx = build({index!r}, SPLIT=split, SMALL=small, TILES=tiles, STAGE=stage).asm["ptx"]
+# program's span in one tile or several; the score partials merged whole or in slices (a second barrier), or
+# each head's mass from the score kernel
+configs = [(*c, 0, 0) for c in itertools.product((0, 1, 2), (m.PAGE_BLOCK, m.PAGE_BLOCK // 4), (1, 2))]
+for stage, small, tiles, split, mass in configs + [(0, m.PAGE_BLOCK // 4, 1, 1, 0), (1, m.PAGE_BLOCK, 2, 1, 0),
+                                                   (0, m.PAGE_BLOCK, 1, 0, m.MASS_SLOTS)]:
+    ptx = build({index!r}, SPLIT=split, MASS=mass, SMALL=small, TILES=tiles, STAGE=stage).asm["ptx"]
     print("atom.global.gpu.acq_rel.add" in ptx, "ld.global.gpu.acquire" in ptx, "ld.global.cg" in ptx,
           "griddepcontrol.wait" in ptx)
 """
@@ -87,7 +90,7 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [line.split() for line in out.stdout.splitlines()]
-    assert len(builds) == 14
+    assert len(builds) == 15
     for release, acquire, l2_loads, waits in builds:
         assert waits == "True"  # programmatic dependent launch: nothing read before the scores are complete
         assert release == "True"  # arrival publishes the program's stores at GPU scope (and acquires the others')
@@ -98,11 +101,12 @@ def test_selection_kernel_builds_for_sm90_with_its_row_barrier(index):
 SELECT_REGISTERS = SELECT_COMPILE + """
 import re, subprocess, tempfile
 from triton import knobs
-for group, tile, split in ((1, 512, 0), (1, 1024, 0), (1, 2048, 0), (2, 2048, 0), (4, 512, 0), (4, 1024, 0),
-                           (4, 2048, 0), (8, 512, 0), (16, 512, 1), (16, 512, 0)):
+for group, tile, split, mass in ((1, 512, 0, 0), (1, 1024, 0, 0), (1, 2048, 0, 0), (2, 2048, 0, 0), (4, 512, 0, 0),
+                                 (4, 1024, 0, 0), (4, 2048, 0, 0), (8, 512, 0, 0), (16, 512, 1, 0), (16, 512, 0, 0),
+                                 (16, 512, 0, m.MASS_SLOTS)):
     for stage in (0, 2):
-        k = build("*i64", G=group, SPLIT=split, BLOCK=tile, SMALL=tile if group >= 8 else tile // 4, PARTS_P2=32,
-                  STAGE=stage)
+        k = build("*i64", G=group, SPLIT=split, MASS=mass, BLOCK=tile, SMALL=tile if group >= 8 else tile // 4,
+                  PARTS_P2=32, STAGE=stage)
         with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
             f.write(k.asm["ptx"])
             f.flush()
@@ -121,7 +125,7 @@ def test_selection_programs_fit_the_sm_as_resident_programs_says():
                          timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = [list(map(int, line.split())) for line in out.stdout.splitlines()]
-    assert len(builds) == 20
+    assert len(builds) == 22
     for group, tile, split, stage, regs, resident in builds:
         assert -(-regs // 8) * 8 * 32 * 4 * resident <= 65536, (group, tile, split, stage, regs, resident)
 
@@ -136,7 +140,8 @@ stores = [line for line in ptx.splitlines() if "st.global" in line]
 print("cp.async.cg.shared.global" in ptx, "m16n8k32" in ptx and ".s32.s8.s8.s32" in ptx, len(k.asm["cubin"]) > 0,
       ptx.index("cp.async") < ptx.index("griddepcontrol.wait") < ptx.index("st.global"),
       "griddepcontrol.launch_dependents" in ptx,
-      bool(stores) and all("L2::cache_hint" in line for line in stores), "createpolicy.fractional.L2::evict_last" in ptx)
+      bool(stores) and all("L2::cache_hint" in line for line in stores), "createpolicy.fractional.L2::evict_last" in ptx,
+      "atom.global.gpu.relaxed.add.f64" in ptx)
 """
 
 
@@ -153,8 +158,8 @@ def test_gluon_score_kernel_builds_for_sm90(group, heads_on_rows, index):
     # 16-byte cp.async staging, int8 mma, a cubin; programmatic dependent launch: its first summaries are in
     # flight before it waits, and it waits before any store (and before it reads q: test_gpu's chained layers
     # fail otherwise) and lets the selection launch; its outputs (scores, partials) stored evict-last in L2
-    # (SGLANG_LOCKS_L2_KEEP)
-    assert out.stdout.split() == ["True"] * 7
+    # (SGLANG_LOCKS_L2_KEEP); each query head's mass added up in float64 atomics
+    assert out.stdout.split() == ["True"] * 8
 
 
 ATTEND_BUILD = """

@@ -4,7 +4,7 @@ which kernel score_pages_full picks (CPU)."""
 import pytest
 import torch
 
-from helpers import assert_chunk_partials, random_cache
+from helpers import assert_chunk_partials, assert_head_mass, random_cache
 from sglang_locks.kernels.score_pages import score_pages_torch, score_pages_triton
 from sglang_locks.kernels.score_pages_gluon import STEP_PAIRS, gluon_applies, score_pages_gluon
 from sglang_locks.scoring import score_pages_full
@@ -28,7 +28,8 @@ def test_gluon_scores_match_float64_reference(seq_lens, hkv, group, chunk_pages,
     q = torch.randn(len(seq_lens), hkv * group, 128, device=device).bfloat16()
     max_pages = max(seq_lens) // 16 + 3  # wider than needed, like a static graph buffer
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
-    scores, part_max, part_sum = score_pages_gluon(q, *args, chunk_pages=chunk_pages)
+    mass = torch.full((q.shape[0] * q.shape[1] + 3, 4), 0.5, dtype=torch.float64, device=device)
+    scores, part_max, part_sum = score_pages_gluon(q, *args, chunk_pages=chunk_pages, mass=mass)
     ref = score_pages_torch(q.double(), *args)
     finite = torch.isfinite(ref)  # the sealed pages; the kernel leaves the rest unwritten
     assert torch.isfinite(scores[finite]).all()
@@ -39,6 +40,7 @@ def test_gluon_scores_match_float64_reference(seq_lens, hkv, group, chunk_pages,
     assert torch.allclose(scores[finite], triton_scores[finite], atol=2e-3, rtol=2e-3)
     # chunk partials: a row's sealed pages split over its programs in whole steps of 2 * STEP_PAIRS pages
     assert_chunk_partials(part_max, part_sum, ref, c["seq_lens"], 2 * STEP_PAIRS, 1e-3)
+    assert_head_mass(mass, 0.5, part_max, part_sum, ref, 1e-2)
 
 
 @pytest.mark.gpu

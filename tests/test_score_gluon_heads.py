@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import assert_chunk_partials, random_cache
+from helpers import assert_chunk_partials, assert_head_mass, random_cache
 from sglang_locks.kernels.score_pages import int8_query, score_pages_torch
 from sglang_locks.kernels.score_pages_gluon import STEP_PAIRS, score_pages_gluon
 from sglang_locks.kernels.score_pages_gluon_heads import score_pages_gluon_heads
@@ -23,7 +23,8 @@ def test_heads_rows_scores_match_float64_reference(seq_lens, hkv, chunk_pages, d
     q = q.masked_fill(((x - x.floor()) - 0.5).abs() < 1e-3, 0)
     max_pages = max(seq_lens) // 16 + 3
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"].long(), max_pages, 128**-0.5)
-    scores, part_max, part_sum = score_pages_gluon_heads(q, *args, chunk_pages=chunk_pages)
+    mass = torch.full((q.shape[0] * q.shape[1] + 3, 4), 0.5, dtype=torch.float64, device=device)
+    scores, part_max, part_sum = score_pages_gluon_heads(q, *args, chunk_pages=chunk_pages, mass=mass)
     # the kernel's basis term takes q rounded to int8 (a plane; score_pages_gluon's has two)
     ref = score_pages_torch(q.double(), *args, basis_q=int8_query(q))
     finite = torch.isfinite(ref)
@@ -37,3 +38,4 @@ def test_heads_rows_scores_match_float64_reference(seq_lens, hkv, chunk_pages, d
     moved = (ref - score_pages_torch(q.double(), *args)).abs()[finite]
     assert ((scores[finite] - rows_pages[finite]).abs().double() <= moved + 2e-3 + 1e-3 * ref[finite].abs()).all()
     assert_chunk_partials(part_max, part_sum, ref, c["seq_lens"], 2 * STEP_PAIRS, 1e-3)
+    assert_head_mass(mass, 0.5, part_max, part_sum, ref, 1e-2)

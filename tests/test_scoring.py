@@ -193,8 +193,8 @@ def test_prefilter_scores_its_candidates_in_full(seq_lens, hkv, group, ranks, de
     args = (c["summaries"], c["req_to_token"], c["req_pool_indices"], c["seq_lens"], max_pages, 128**-0.5)
     cand = candidate_buffer(rows + 2, cfg, device).fill_(-1)
     state = SelectionState(rows, device)
-    scores, part_max, part_sum, got_cand = locks_scores_triton(q, *args, cfg, state, cand, dict(chunk_pages=16))
-    assert got_cand is cand and scores.shape == (bsz, hkv * group, m)
+    scores, part_max, part_sum, got_cand, mass = locks_scores_triton(q, *args, cfg, state, cand, dict(chunk_pages=16))
+    assert got_cand is cand and scores.shape == (bsz, hkv * group, m) and mass is None
     assert not state.hist.any() and not state.arrived.any()
     assert (cand[:, rows:] == -1).all()
     # The candidate selection's own input: the estimate launch's scores and partials.

@@ -15,6 +15,7 @@ from sglang_locks.kernels.aggregate_scores import (
 from sglang_locks.kernels.aggregate_scores import KEY_RANGE, KEY_SCALE
 from sglang_locks.kernels import selected_indices
 from sglang_locks.kernels.selected_indices import (
+    MASS_SLOTS,
     CacheWrite,
     SelectionState,
     select_pages_by_key_torch,
@@ -76,7 +77,16 @@ def _scored(seq_lens, hkv, group, seed, ties=False, chunks=1):
     return scores, part_max, part_sum
 
 
-def _select(c, scored, hkv, cfg, state, cache_write=None):
+def _mass(scored, slots=MASS_SLOTS):
+    """Each query head's mass [B * Hq, slots] from the partials, as the Gluon score kernels add it up (float64,
+    chunk c's at slot c % slots)."""
+    _, part_max, part_sum = scored
+    chunk_mass = (part_sum.double() * part_max.double().exp()).flatten(0, 1)
+    out = torch.zeros(chunk_mass.shape[0], slots, dtype=torch.float64)
+    return out.index_add_(1, torch.arange(chunk_mass.shape[1]) % slots, chunk_mass)
+
+
+def _select(c, scored, hkv, cfg, state, cache_write=None, mass=None):
     """The kernel's page entries, written after -7 sentinels; (indptr, entries)."""
     device = c["seq_lens"].device
     indptr, last_page_len = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
@@ -84,7 +94,8 @@ def _select(c, scored, hkv, cfg, state, cache_write=None):
     last = torch.full((last_page_len.numel() + 1,), -7, dtype=torch.int32, device=device)
     selected_indices_triton(*(t.to(device) for t in scored), c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
                             indptr.to(device), indices, last, hkv, cfg.sink_pages, cfg.local_pages, "mass",
-                            cfg.budget_pages, state, cache_write=cache_write)
+                            cfg.budget_pages, state, cache_write=cache_write,
+                            mass=None if mass is None else mass.to(device))
     assert (indices[int(indptr[-1]) :] == -7).all()  # nothing written past the rows
     assert torch.equal(last[:-1].cpu(), last_page_len) and int(last[-1]) == -7  # each row's last page: tail or 16
     return indptr, indices[: int(indptr[-1])].cpu()
@@ -104,14 +115,15 @@ CASES = [  # seq_lens (mixed: over and under budget, tails, empty), KV heads, gr
 ]
 
 
-@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("lse_from", ["partials", "slices", "mass"])
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("seq_lens, hkv, group, budget", CASES)
-def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, budget, ties, split, device,
+def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, budget, ties, lse_from, device,
                                                           monkeypatch):
-    """split: the score partials merged in slices by the row's programs (a barrier more), the form
-    of many chunks; otherwise each program merges all of them."""
-    monkeypatch.setattr(selected_indices, "SPLIT_MERGE_ABOVE", 0 if split else 10**9)
+    """Each query head's total mass: from the score partials, each program merging all of them ("partials"),
+    or merged in slices by the row's programs (a barrier more, the form of many chunks), or given as the
+    Gluon score kernels add it up ("mass", which the launch zeroes)."""
+    monkeypatch.setattr(selected_indices, "SPLIT_MERGE_ABOVE", 0 if lse_from == "slices" else 10**9)
     cfg = LocksConfig(token_budget=budget, sink_pages=1, local_pages=2)
     c = random_cache(seq_lens, hkv, 64, device=device)
     # Scores follow the cache's (shuffled) batch order, so lengths come from the cache.
@@ -119,8 +131,10 @@ def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, 
     state = SelectionState(len(lens) * hkv, device)
     for seed in (budget, budget + 1):  # the second launch finds the state the first one left
         scored = _scored(lens, hkv, group, seed=seed, ties=ties, chunks=37)
-        indptr, got = _select(c, scored, hkv, cfg, state)
+        mass = _mass(scored).to(device) if lse_from == "mass" else None
+        indptr, got = _select(c, scored, hkv, cfg, state, mass=mass)
         assert not state.hist.any() and not state.arrived.any()  # cleared for the next launch
+        assert mass is None or not mass.any()
         # The reference ranks the aggregation kernel's agg by the same keys.
         agg = aggregate_scores_triton(*(t.to(device) for t in scored), c["seq_lens"], hkv, cfg.sink_pages,
                                       cfg.local_pages, "mass").cpu()
@@ -142,7 +156,7 @@ def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, 
             want_pages = [page_of[int(e)] for e in want[indptr[row] : indptr[row + 1]]]
             if pages != want_pages:
                 # The two kernels' float32 agg may round a key differently: only near-ties may swap.
-                assert split or not interpreted(), "the interpreter runs both kernels' math identically"
+                assert lse_from != "partials" or not interpreted(), "the interpreter runs both kernels' math alike"
                 kth = flat[row, want_sel[row]].min()
                 swapped = sorted(set(pages) ^ set(want_sel[row].tolist()) - {n // 16})
                 assert (flat[row, swapped] - kth).abs().max() < 2 * STEP

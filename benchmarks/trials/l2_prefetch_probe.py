@@ -128,14 +128,15 @@ def run_shape(shape, context, reps, rows):
     def step(frac=0.0, last=False, mlp=False):
         main = torch.cuda.current_stream()
         for i in range(layers):
-            *scored, cand = locks_scores_triton(q, sums[i], *tables, dec.max_pages, dec.sm_scale, cfg,
-                                                dec.selection_state, dec.candidates)
+            *scored, cand, mass = locks_scores_triton(q, sums[i], *tables, dec.max_pages, dec.sm_scale, cfg,
+                                                      dec.selection_state, dec.candidates)
             if frac and i + 1 < layers:
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
                     prefetch(sums[i + 1], tables, n_chunks, frac, last, sink)
             selected_indices_triton(*scored, *tables, sp.indptr, sp.indices, sp.last_page_len, hkv, cfg.sink_pages,
-                                    cfg.local_pages, cfg.gqa_aggregation, cfg.budget_pages, dec.selection_state, cand)
+                                    cfg.local_pages, cfg.gqa_aggregation, cfg.budget_pages, dec.selection_state, cand,
+                                    mass=mass)
             sp.run(q, ks[i], vs[i])
             if mlp:
                 mlp_dst.copy_(mlp_src)

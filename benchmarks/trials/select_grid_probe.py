@@ -24,7 +24,8 @@ for shape, bsz, context in (("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 26214
     ws = torch.zeros(64 << 20, dtype=torch.uint8, device="cuda")
     dec = LocksDecode(cfg, ws, hq, hkv, d, bsz, use_cuda_graph=True)
     dec.plan(torch.full((bsz,), context, dtype=torch.int32), torch.bfloat16, torch.bfloat16, d ** -0.5)
-    *parts, cand = locks_scores_triton(q, sums, *tables, dec.max_pages, dec.sm_scale, cfg, dec.selection_state)
+    # the selections merge the score partials (repeated on one launch's scores, they cannot take its masses)
+    *parts, cand, _ = locks_scores_triton(q, sums, *tables, dec.max_pages, dec.sm_scale, cfg, dec.selection_state)
     sp = dec.sparse
     ref = None
     new_tile = si.selection_tile
