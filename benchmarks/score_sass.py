@@ -78,17 +78,20 @@ def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_s
 
 def compile_gluon_kernel(group, kv_heads, index="*i32", heads_on_rows=None):
     """The Gluon score kernel for sm_90 as the decode step launches it (int8-int4-int8, head_dim 128, rank 8,
-    adding up each query head's mass): score_pages_gluon, or at 16 query heads per KV head (heads_on_rows None:
-    as the launcher picks) score_pages_gluon_heads; seq_lens and request indices of type index."""
+    adding up each query head's mass from scoring.MASS_MIN_GROUP query heads per KV head): score_pages_gluon, or
+    at 16 query heads per KV head (heads_on_rows None: as the launcher picks) score_pages_gluon_heads; seq_lens
+    and request indices of type index."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from sglang_locks.kernels import score_pages_gluon as m, score_pages_gluon_heads as heads
+    from sglang_locks.kernels.selected_indices import MASS_SLOTS
+    from sglang_locks.scoring import MASS_MIN_GROUP
 
     heads_on_rows = group == 16 if heads_on_rows is None else heads_on_rows
     fn = heads._score_pages_heads_kernel if heads_on_rows else m._score_pages_gluon_kernel
     names = fn.arg_names
     consts = dict(HKV=kv_heads, D=128, PAGE=16, PAIRS=m.STEP_PAIRS, STAGES=m.SMEM_STAGES, PDL=1, KEEP="evict_last",
-                  MASS=1, num_warps=1)
+                  MASS=MASS_SLOTS if group >= MASS_MIN_GROUP else 0, num_warps=1)
     if not heads_on_rows:
         consts.update(G=group, NC=max(8, 2 * group))
     ptrs = dict(POINTERS, req_pool_ptr=index, seq_lens_ptr=index)

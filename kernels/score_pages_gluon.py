@@ -464,7 +464,7 @@ def launch_score_kernel(kernel, chain, q, summaries, req_to_token, req_pool_indi
         req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens,
         scores, part_max, part_sum, part_max.shape[-1], first, part_sum if mass is None else mass,
         max_pages, n_chunks, sm_scale * LOG2E,
-        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, chain), KEEP=l2_keep(), MASS=0 if mass is None else mass.shape[1],
-        **consts,
+        HKV=hkv, D=d, PAGE=16, **dependent_launch(q.device, chain), KEEP=l2_keep(),
+        MASS=0 if mass is None else mass.shape[1], **consts,
     )
     return scores, part_max, part_sum

@@ -44,7 +44,8 @@ class LocksDecode:
         self.sm_scale = head_dim**-0.5
         self.max_pages = 0
         self.num_kv_heads = num_kv_heads
-        self.selection_state = SelectionState(max_batch_size * num_kv_heads, workspace.device)
+        self.selection_state = SelectionState(max_batch_size * num_kv_heads, workspace.device,
+                                              num_qo_heads // num_kv_heads)
         # The prefilter's candidate pages of each row (scoring.locks_scores_triton).
         if candidates is None:
             candidates = candidate_buffer(max_batch_size * num_kv_heads, config, workspace.device)

@@ -5,9 +5,10 @@ in one process. The two normalise the GQA aggregation by logs of the same sums t
 atomics against float32 merges), so a page whose key sits on a rounding boundary may change sides: the rows
 report how many of the last layer's page entries differ and how far the outputs are apart.
 
-    [SLOTS=1,32] python benchmarks/trials/mass_ab.py OUT.json [SHAPE:BATCH:CONTEXT ...]
+    [MIN_GROUP=1] [SLOTS=1,32] python benchmarks/trials/mass_ab.py OUT.json [SHAPE:BATCH:CONTEXT ...]
 
-(SLOTS: also the tree with that many mass slots a query head.)
+(SLOTS: also the tree with that many mass slots a query head. The tree adds up masses from
+scoring.MASS_MIN_GROUP query heads per KV head, below it "mass" is "partials"; MIN_GROUP overrides it.)
 """
 import json, os, sys
 import torch
@@ -16,7 +17,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attention_decode import graph_ms
 from probe_inputs import ChainStep, save_rows
 import sglang_locks.decode as decode
+import sglang_locks.scoring as scoring
 from sglang_locks.scoring import score_pages_full
+
+scoring.MASS_MIN_GROUP = int(os.environ.get("MIN_GROUP", scoring.MASS_MIN_GROUP))
 
 ROUNDS = 5
 tree_scores = decode.locks_scores_triton
