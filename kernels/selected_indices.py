@@ -294,7 +294,7 @@ def _select_kernel(
                 slots = tl.arange(0, MASS)
                 mass = tl.sum(tl.load(mass_ptr + qrows[:, None] * MASS + slots[None, :], mask=gmask[:, None],
                                       other=0.0, cache_modifier=".cg"), 1)
-                lse = tl.where(mass > 0, tl.log(tl.where(mass > 0, mass, 1.0)), 0.0).to(tl.float32)
+                lse = tl.log(tl.where(mass > 0, mass, 1.0)).to(tl.float32)
             elif SPLIT:
                 lse = row_lse(slice_max_ptr, slice_sum_ptr, srows, gmask, parts, parts, BLOCK_G, BLOCK_N, ".cg")
             else:

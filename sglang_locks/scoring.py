@@ -89,9 +89,11 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
     opts = dict(score_options or {})
     args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
     if not prefiltered(config, max_pages):
-        gluon = full_score_kernel(q, summaries, opts) == "gluon"
-        mass = state.mass if gluon and q.shape[1] >= MASS_MIN_GROUP * summaries.num_kv_heads else None
-        return (*score_pages_full(*args, **opts, **({} if mass is None else {"mass": mass})), None, mass)
+        opts["kernel"] = full_score_kernel(q, summaries, opts)
+        mass = None
+        if opts["kernel"] == "gluon" and q.shape[1] >= MASS_MIN_GROUP * summaries.num_kv_heads:
+            mass = opts["mass"] = state.mass
+        return (*score_pages_full(*args, **opts), None, mass)
     opts.pop("kernel", None)
     bsz, hq, _ = q.shape
     hkv = summaries.num_kv_heads

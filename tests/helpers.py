@@ -37,14 +37,20 @@ def random_cache(seq_lens, num_kv_heads, head_dim, precision="int8-int4-int8", r
     )
 
 
+def slot_masses(part_max, part_sum, slots):
+    """Each query head's mass [B * Hq, slots] from chunk partials [B, Hq, chunks], as the Gluon score kernels add
+    it up (float64, chunk c's at slot c % slots)."""
+    chunk_mass = (part_sum.double() * part_max.double().exp()).flatten(0, 1)
+    out = torch.zeros(chunk_mass.shape[0], slots, dtype=torch.float64, device=chunk_mass.device)
+    return out.index_add_(1, torch.arange(chunk_mass.shape[1], device=chunk_mass.device) % slots, chunk_mass)
+
+
 def assert_head_mass(mass, before, part_max, part_sum, ref, tol):
     """The float64 masses a Gluon score launch added to mass [B * Hq, slots] (each slot of which held before):
     each query head's sum of e^score over its sealed pages, chunk c's at slot c % slots, against the launch's
     own chunk partials (to float32 rounding) and the float64 reference scores ref [B, Hq, P] (to tol)."""
-    n, slots = ref.shape[0] * ref.shape[1], mass.shape[1]
-    chunk_mass = (part_sum.double() * part_max.double().exp()).flatten(0, 1)  # [B * Hq, chunks]
-    own = torch.zeros(n, slots, dtype=torch.float64, device=mass.device)
-    own.index_add_(1, torch.arange(chunk_mass.shape[1], device=mass.device) % slots, chunk_mass)
+    n = ref.shape[0] * ref.shape[1]
+    own = slot_masses(part_max, part_sum, mass.shape[1])
     assert mass.dtype == torch.float64 and torch.allclose(mass[:n] - before, own, rtol=1e-5, atol=1e-12)
     got = (mass[:n] - before).sum(-1)
     want = torch.where(torch.isfinite(ref), ref.exp(), 0).sum(-1).flatten().to(mass.device)

@@ -2,7 +2,7 @@ import pytest
 import torch
 import triton
 
-from helpers import random_cache
+from helpers import random_cache, slot_masses
 from sglang_locks.config import LocksConfig
 from sglang_locks.decode import locks_decode_reference
 from sglang_locks.kernels._triton import interpreted, num_sms
@@ -77,15 +77,6 @@ def _scored(seq_lens, hkv, group, seed, ties=False, chunks=1):
     return scores, part_max, part_sum
 
 
-def _mass(scored, slots=MASS_SLOTS):
-    """Each query head's mass [B * Hq, slots] from the partials, as the Gluon score kernels add it up (float64,
-    chunk c's at slot c % slots)."""
-    _, part_max, part_sum = scored
-    chunk_mass = (part_sum.double() * part_max.double().exp()).flatten(0, 1)
-    out = torch.zeros(chunk_mass.shape[0], slots, dtype=torch.float64)
-    return out.index_add_(1, torch.arange(chunk_mass.shape[1]) % slots, chunk_mass)
-
-
 def _select(c, scored, hkv, cfg, state, cache_write=None, mass=None):
     """The kernel's page entries, written after -7 sentinels; (indptr, entries)."""
     device = c["seq_lens"].device
@@ -131,7 +122,7 @@ def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, 
     state = SelectionState(len(lens) * hkv, device)
     for seed in (budget, budget + 1):  # the second launch finds the state the first one left
         scored = _scored(lens, hkv, group, seed=seed, ties=ties, chunks=37)
-        mass = _mass(scored).to(device) if lse_from == "mass" else None
+        mass = slot_masses(*scored[1:], MASS_SLOTS).to(device) if lse_from == "mass" else None
         indptr, got = _select(c, scored, hkv, cfg, state, mass=mass)
         assert not state.hist.any() and not state.arrived.any()  # cleared for the next launch
         assert mass is None or not mass.any()
