@@ -150,7 +150,12 @@ def test_score_pages_rejects_bad_heads(device):
 
 
 def _lse_of_partials(part_max, part_sum):
-    return torch.logsumexp(part_max.double() + part_sum.double().log(), -1)
+    """Each head's log total mass from its (max, sum) chunk partials, whose sums may be negative (the candidate
+    launch's: each candidate's mass less its estimate), as the selection merges them."""
+    m = part_max.double()
+    top = m.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return top.squeeze(-1) + (part_sum.double() * (m - top).exp()).sum(-1).log()
 
 
 @pytest.mark.parametrize("seq_lens, hkv, group", CASES)
