@@ -1,0 +1,107 @@
+"""H200: what each stage of the LOCKS attention step costs inside the chain, and so what removing or fusing a stage
+could save at most. The attention step of every layer (probe_inputs.ChainStep, one CUDA graph) in parts, alternated
+ROUNDS times in one process:
+
+  full            score, select, sparse decode (LocksDecode's step)
+  score           the score kernel alone
+  score_select    score and select (no sparse decode)
+  score_attend    score and the sparse decode of the entries a full step left (no selection)
+  attend          the sparse decode alone
+  *_thrash        the same with a THRASH_MB device copy after each layer, standing in for the weights a real
+                  layer streams through L2 between two attention steps (thrash: the copies alone)
+
+so that, e.g., full - score_attend is what the selection adds to the step. The score-only and no-select modes leave
+the score kernel's mass slots (8+ query heads per KV head) unread; they are zeroed after them.
+
+    python benchmarks/trials/chain_bounds.py OUT.json [SHAPE:BATCH:CONTEXT ...]
+"""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention_decode import graph_ms  # noqa: E402
+from probe_inputs import ChainStep, save_rows  # noqa: E402
+from sglang_locks.scoring import locks_scores_triton  # noqa: E402
+
+ROUNDS = 3
+THRASH_MB = int(os.environ.get("THRASH_MB", "400"))
+
+
+def modes(chain: ChainStep, src: torch.Tensor, dst: torch.Tensor) -> dict:
+    dec, q, tables = chain.dec, chain.q, chain.tables
+    sums = chain.sums
+
+    def layer_kv(layer):
+        return chain.ks[layer % chain.n_kv], chain.vs[layer % chain.n_kv]
+
+    def score(layer):
+        locks_scores_triton(q, sums[layer % len(sums)], *tables, dec.max_pages, dec.sm_scale, dec.config,
+                            dec.selection_state, dec.candidates, dec.score_options)
+
+    def select(layer):
+        dec.select(q, sums[layer % len(sums)], *tables)
+
+    def attend(layer):
+        dec.sparse.run(q, *layer_kv(layer), out=chain.out)
+
+    parts = {"full": (select, attend), "score": (score,), "score_select": (select,), "score_attend": (score, attend),
+             "attend": (attend,)}
+
+    def step(fns, thrash):
+        def run():
+            for layer in range(chain.layers):
+                for fn in fns:
+                    fn(layer)
+                if thrash:
+                    dst.copy_(src)
+        return run
+
+    out = {name: step(fns, False) for name, fns in parts.items()}
+    out.update({f"{name}_thrash": step(fns, True) for name, fns in parts.items() if name in ("full", "score_attend",
+                                                                                               "score_select")})
+    out["thrash"] = step((), True)
+    return out
+
+
+def main():
+    out_path = sys.argv[1]
+    cases = [(s, int(b), int(n)) for s, b, n in (c.split(":") for c in sys.argv[2:])] or [
+        ("llama3.1-8b", 1, 131072), ("llama3.1-8b", 1, 262144), ("glm4-9b-1m", 1, 1048576)]
+    src = torch.empty(THRASH_MB << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    rows = []
+    for shape, bsz, context in cases:
+        chain = ChainStep(shape, [context + 32 - 37 * i for i in range(bsz)], max_pages=(context + 1024) // 16)
+        chain.run()  # entries for the no-select modes
+        torch.cuda.synchronize()
+        runs = modes(chain, src, dst)
+        times = {name: [] for name in runs}
+        for _ in range(ROUNDS):
+            for name, run in runs.items():
+                times[name].append(graph_ms(run, 30))
+                chain.dec.selection_state.mass.zero_()
+        med = {m: sorted(t)[ROUNDS // 2] for m, t in times.items()}
+        us = {m: round(v * 1e3 / chain.layers, 2) for m, v in med.items()}
+        derived = {
+            "select_in_chain": round(us["full"] - us["score_attend"], 2),
+            "attend_in_chain": round(us["full"] - us["score_select"], 2),
+            "full_with_thrash": round(us["full_thrash"] - us["thrash"], 2),
+            "select_in_chain_with_thrash": round(us["full_thrash"] - us["score_attend_thrash"], 2),
+            "attend_in_chain_with_thrash": round(us["full_thrash"] - us["score_select_thrash"], 2),
+        }
+        row = {"shape": shape, "batch": bsz, "context": context, "ms": times, "us_per_layer": us,
+               "derived_us_per_layer": derived}
+        print(json.dumps({k: v for k, v in row.items() if k != "ms"}), flush=True)
+        rows.append(row)
+        del chain, runs
+        torch.cuda.empty_cache()
+        save_rows(out_path, "python benchmarks/trials/chain_bounds.py OUT.json " + " ".join(sys.argv[2:]), rows,
+                  thrash_mb=THRASH_MB)
+
+
+if __name__ == "__main__":
+    main()
