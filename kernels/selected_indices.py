@@ -392,9 +392,11 @@ class SelectionState:
     """What selected_indices_triton keeps between launches: per row a key histogram and a barrier
     counter, and per query head (up to max_group a row) the float64 mass a score kernel adds up for the
     selection after it (score_pages_gluon's mass), all zero between launches (the kernel clears them).
-    One per stream of launches."""
+    One per stream of launches: decoders that run one after the other may share one (LocksDecode's
+    selection_state)."""
 
     def __init__(self, max_rows: int, device, max_group: int = 16) -> None:
+        self.rows, self.max_group = max_rows, max_group
         self.hist = torch.zeros(max_rows, HIST_BINS.value, dtype=torch.int32, device=device)
         self.arrived = torch.zeros(max_rows, dtype=torch.int32, device=device)
         self.mass = torch.zeros(max_rows * max_group, MASS_SLOTS, dtype=torch.float64, device=device)

@@ -30,10 +30,12 @@ class LocksDecode:
         use_cuda_graph: bool = False,
         score_options: dict = None,
         candidates: torch.Tensor = None,
+        selection_state: SelectionState = None,
     ) -> None:
         """score_options: launch options of score_pages_triton (tile sizes, variants) to override its defaults.
-        candidates: the prefilter's candidate_buffer of >= max_batch_size * H_kv rows, which decoders
-        running one after the other may share (allocated when None)."""
+        candidates: the prefilter's candidate_buffer of >= max_batch_size * H_kv rows, and selection_state: a
+        SelectionState of >= max_batch_size * H_kv rows and >= num_qo_heads / H_kv query heads a row; decoders
+        running one after the other may share both (each launch leaves the state zeroed; allocated when None)."""
         self.config = config
         self.score_options = dict(score_options or {})
         max_indices = max_batch_size * num_kv_heads * (config.budget_pages + 1)
@@ -44,8 +46,13 @@ class LocksDecode:
         self.sm_scale = head_dim**-0.5
         self.max_pages = 0
         self.num_kv_heads = num_kv_heads
-        self.selection_state = SelectionState(max_batch_size * num_kv_heads, workspace.device,
-                                              num_qo_heads // num_kv_heads)
+        rows, group = max_batch_size * num_kv_heads, num_qo_heads // num_kv_heads
+        if selection_state is None:
+            selection_state = SelectionState(rows, workspace.device, group)
+        elif selection_state.rows < rows or selection_state.max_group < group:
+            raise ValueError(f"selection_state holds {selection_state.rows} rows of {selection_state.max_group} query "
+                             f"heads, fewer than this decoder's {rows} of {group}")
+        self.selection_state = selection_state
         # The prefilter's candidate pages of each row (scoring.locks_scores_triton).
         if candidates is None:
             candidates = candidate_buffer(max_batch_size * num_kv_heads, config, workspace.device)

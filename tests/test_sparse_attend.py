@@ -149,3 +149,37 @@ def test_locks_decode_step_with_the_triton_sparse_decode(device, budget):
     assert _rel(out, sparse_decode_reference(q, c["k_cache"], c["v_cache"], indptr, picked, last, hkv, 128**-0.5)) < 1e-2
     if budget >= max(seq_lens):
         assert _rel(out, dense_decode_reference(q, c["k_cache"], c["v_cache"], *tables, 128**-0.5)) < 1e-2
+
+
+@pytest.mark.parametrize("group", [4, 16])  # the selection merges the score partials / (GPU) reads the masses
+def test_decoders_of_several_batch_sizes_share_one_selection_state(device, group):
+    """The plugin's CUDA-graph decoders (one per batch size) run one after the other on one SelectionState: each
+    step's page entries and output equal those of a decoder with a state of its own, the shared state is zero
+    after every step, and a state too small for a decoder is refused."""
+    from sglang_locks.config import LocksConfig
+    from sglang_locks.decode import LocksDecode
+    from sglang_locks.kernels.selected_indices import SelectionState
+
+    hkv = 2
+    cfg = LocksConfig(token_budget=64, sparse_decode="triton")  # 4 pages: every row below selects
+    shared = SelectionState(4 * hkv, device, group)
+    workspace = torch.empty(1 << 24, dtype=torch.uint8, device=device)
+    for seed, seq_lens in enumerate([[16 * 19 + 3, 16 * 11], [16 * 23 + 9], [16 * 9 + 1, 16 * 17, 16 * 13 + 4, 16 * 21]]):
+        c = random_cache(seq_lens, hkv, 128, device=device, seed=seed)
+        q = torch.randn(len(seq_lens), hkv * group, 128, generator=torch.Generator().manual_seed(seed))
+        q = q.to(device, torch.bfloat16)
+        tables = (c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
+        n = int(selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)[0][-1])
+        steps = []
+        for state in (shared, None):
+            dec = LocksDecode(cfg, workspace, hkv * group, hkv, 128, len(seq_lens), selection_state=state)
+            dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)
+            out = dec.run(q, c["k_cache"], c["v_cache"], c["summaries"], *tables)
+            steps.append((out.clone(), dec.sparse.indices[:n].clone()))
+        assert torch.equal(steps[0][1], steps[1][1])
+        assert torch.equal(steps[0][0], steps[1][0])
+        assert not (shared.hist.any() or shared.arrived.any() or shared.mass.any())
+    with pytest.raises(ValueError, match="selection_state holds 8 rows"):
+        LocksDecode(cfg, workspace, hkv * group, hkv, 128, 5, selection_state=shared)
+    with pytest.raises(ValueError, match="selection_state holds"):
+        LocksDecode(cfg, workspace, hkv * 2 * group, hkv, 128, 1, selection_state=SelectionState(4 * hkv, device, group))

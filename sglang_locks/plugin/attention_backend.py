@@ -29,6 +29,7 @@ from sglang.srt.runtime_context import get_parallel
 from ..config import PAGE_SIZE, LocksConfig
 from ..decode import LocksDecode
 from ..kernels.build_summaries import head_dim_reason
+from ..kernels.selected_indices import SelectionState
 from ..kernels.score_pages import MAX_GROUP
 from ..scoring import candidate_buffer
 from .graph_variants import DENSE, LOCKS, default_min_step_tokens, step_variant
@@ -109,6 +110,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.graph_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # static (seq_lens, short)
         self.graph_row_views: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # their first bs rows, per bs
         self.graph_candidates: Optional[torch.Tensor] = None  # the prefilter's, shared by the graph decoders
+        self.graph_selection_state: Optional[SelectionState] = None  # the selection's, shared by them too
         self.locks_seq_lens: Optional[torch.Tensor] = None  # this step's: LOCKS lengths [bs]
         self.short_rows: Optional[torch.Tensor] = None  # and rows decoded densely [bs]
         self.decoder: Optional[LocksDecode] = None
@@ -206,7 +208,10 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
         self.graph_rows = self._row_buffers(max_bs)
         self.graph_row_views.clear()
-        self.graph_candidates = candidate_buffer(max_bs * self.num_kv_heads, self.config, self.locks_workspace.device)
+        device = self.locks_workspace.device
+        self.graph_candidates = candidate_buffer(max_bs * self.num_kv_heads, self.config, device)
+        self.graph_selection_state = SelectionState(max_bs * self.num_kv_heads, device,
+                                                    self.num_qo_heads // self.num_kv_heads)
 
     def _row_buffers(self, bs: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """(LOCKS lengths, rows decoded densely) of bs requests."""
@@ -222,7 +227,8 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
     def _new_decoder(self, bs: int, use_cuda_graph: bool) -> LocksDecode:
         return LocksDecode(self.config, self.locks_workspace, self.num_qo_heads, self.num_kv_heads,
                            self.head_dim, bs, use_cuda_graph,
-                           candidates=self.graph_candidates if use_cuda_graph else None)
+                           candidates=self.graph_candidates if use_cuda_graph else None,
+                           selection_state=self.graph_selection_state if use_cuda_graph else None)
 
     def _plan_decode(self, fb, decoder: LocksDecode, rows, max_pages, check_stale: bool = True) -> None:
         """rows: _row_buffers of exactly the step's batch size."""
