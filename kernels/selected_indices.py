@@ -466,8 +466,8 @@ def _launch_select(stage, scores, part_max, part_sum, score_chunks, req_to_token
     bsz, hq, width = scores.shape
     group = hq // num_kv_heads
     rows = bsz * num_kv_heads
-    if rows > state.arrived.numel():
-        raise ValueError(f"{rows} rows exceed the SelectionState's {state.arrived.numel()}")
+    if rows > state.rows:
+        raise ValueError(f"{rows} rows exceed the SelectionState's {state.rows}")
     if mass is not None and (mass.dtype != torch.float64 or mass.dim() != 2 or mass.shape[0] < bsz * hq
                              or not mass.is_contiguous() or mass.shape[1] & (mass.shape[1] - 1) or stage != "pages"):
         raise ValueError(f"mass must be a contiguous float64 [>= {bsz * hq}, power-of-two slots] tensor (a selection "
