@@ -94,6 +94,8 @@ def test_bad_precision_rejected_by_the_parser(capsys):
     (["--dcp-size", "2"], "--dcp-size 2"),
     (["--disaggregation-mode", "decode"], "--disaggregation-mode decode"),
     (["--enable-pdmux"], "--enable-pdmux"),
+    (["--enable-two-batch-overlap", "--enable-dp-attention", "--tp-size", "2", "--dp-size", "2"],
+     "--enable-two-batch-overlap"),
 ])
 def test_unsupported_combinations_fail_naming_the_flag(flags, named):
     with pytest.raises(ValueError, match=f"--enable-locks does not support {named}"):

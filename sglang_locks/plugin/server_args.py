@@ -126,6 +126,11 @@ def _reject_unsupported(ns: argparse.Namespace) -> None:
     if getattr(ns, "enable_pdmux", False):
         # Its programs of one row wait for each other, sized for every SM of the device.
         fail("--enable-pdmux", "the LOCKS selection kernel needs the whole GPU, not a green-context SM partition")
+    if getattr(ns, "enable_two_batch_overlap", False):
+        # SGLang's TboAttnBackend builds a primary and two child backends and plans each micro-batch on a child;
+        # LOCKS's decode state and summary builds follow one backend per forward (not run with micro-batches).
+        fail("--enable-two-batch-overlap", "micro-batches are planned on child attention backends, which LOCKS "
+             "does not drive")
     if ns.disaggregation_mode != "null":
         fail(f"--disaggregation-mode {ns.disaggregation_mode}", "transferred KV arrives without summaries")
 
