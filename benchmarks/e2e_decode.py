@@ -282,9 +282,10 @@ def selected_cases(only, cases) -> list:
         contexts = rows[0][3]
         if ctx:
             want = set(map(int, ctx[0].split(",")))
+            if want - set(contexts):
+                raise ValueError(f"--case {case}: contexts {sorted(want - set(contexts))} are not in the plan; "
+                                 f"they must be among {contexts}")
             contexts = [c for c in contexts if c in want]
-        if not contexts:
-            raise ValueError(f"--case {case}: contexts must be among {rows[0][3]}")
         picked.append((tool, shape, int(batch), contexts))
     return picked
 

@@ -1,4 +1,4 @@
-"""benchmarks/e2e_decode.py's summary of repeated cases (CPU: the rows are given, no SGLang process runs)."""
+"""benchmarks/e2e_decode.py's case selection and summary of repeated cases (CPU: no SGLang process runs)."""
 
 import json
 import os
@@ -13,6 +13,14 @@ import e2e_decode as e2e  # noqa: E402
 def _row(context, fullkv, locks, **extra):
     return dict(shape="llama8b", batch=1, context=context, budget=2048, fullkv_ms=fullkv, locks_ms=locks,
                 speedup=round(fullkv / locks, 3), tool="synthetic", locks_args="", **extra)
+
+
+def test_cases_pick_plan_contexts_and_refuse_others():
+    assert e2e.selected_cases(None, ["interleaved:llama8b:1:262144"]) == [("interleaved", "llama8b", 1, [262144])]
+    with pytest.raises(ValueError, match=r"contexts \[4096\] are not in the plan"):
+        e2e.selected_cases(None, ["interleaved:llama8b:1:4096,131072"])
+    with pytest.raises(ValueError, match="no such TOOL:SHAPE:BATCH"):
+        e2e.selected_cases(None, ["interleaved:llama8b:3"])
 
 
 def test_repeated_cases_get_medians_and_the_range_of_their_speedups():
