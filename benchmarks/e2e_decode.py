@@ -282,8 +282,9 @@ def selected_cases(only, cases) -> list:
         contexts = rows[0][3]
         if ctx:
             want = set(map(int, ctx[0].split(",")))
-            if want - set(contexts):
-                raise ValueError(f"--case {case}: contexts {sorted(want - set(contexts))} are not in the plan; "
+            unplanned = want - set(contexts)
+            if unplanned:
+                raise ValueError(f"--case {case}: contexts {sorted(unplanned)} are not in the plan; "
                                  f"they must be among {contexts}")
             contexts = [c for c in contexts if c in want]
         picked.append((tool, shape, int(batch), contexts))
