@@ -13,7 +13,8 @@ def main(path="benchmarks/results/e2e_decode.json", out="benchmarks/results/e2e_
     d = json.load(open(path))
     rows = [r for r in d["rows"] if r.get("fullkv_ms") and r.get("locks_ms")]
     labels = [f"{r['shape']}\nbs{r['batch']} {r['context'] // 1024}K\n{r['tool']}"
-              + (f"\ncall {r['device_call']}" if "device_call" in r else "") for r in rows]
+              + (f"\ncall {r['device_call']}" if "device_call" in r else "")
+              + (f"\nprocess {r['process']}" if "process" in r else "") for r in rows]
     x = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(max(7, len(rows) * 1.2), 4.5))
     w = 0.38
