@@ -23,12 +23,10 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_decode import graph_ms  # noqa: E402
 from probe_inputs import ChainStep, save_rows  # noqa: E402
 from sglang_locks.kernels._triton import dependent_launch, num_sms, pdl_start  # noqa: E402
 from sglang_locks.kernels.selected_indices import selection_parts  # noqa: E402
 from sglang_locks.kernels.sparse_attend import attend_launch  # noqa: E402
-from sglang_locks.scoring import locks_scores_triton  # noqa: E402
 
 ROUNDS = 3
 
@@ -48,8 +46,7 @@ def main():
     rows = []
     for shape, bsz, context in cases:
         chain = ChainStep(shape, [context] * bsz, max_pages=(context + 1024) // 16)
-        dec, q, sums, tables = chain.dec, chain.q, chain.sums, chain.tables
-        dev = q.device
+        dec, dev = chain.dec, chain.q.device
         pages = context // 16
         parts = selection_parts(chain.rows, pages, dev, chain.group)
         splits, _ = attend_launch(chain.rows, dec.config.budget_pages + 1, num_sms(dev))
@@ -57,36 +54,19 @@ def main():
         launches = [dependent_launch(dev, "select"), dependent_launch(dev, "attend"), dependent_launch(dev, "merge")]
         bufs = [torch.zeros(max(grids), dtype=torch.int32, device=dev) for _ in range(3)]
 
-        def tokens():
+        def tokens(layer):
             for i, (grid, launch) in enumerate(zip(grids, launches)):
-                src, dst = bufs[i], bufs[(i + 1) % 3]
-                _token_kernel[(grid,)](src, dst, grids[i - 1], num_warps=4, **launch)
+                _token_kernel[(grid,)](bufs[i], bufs[(i + 1) % 3], grids[i - 1], num_warps=4, **launch)
 
-        def score(layer):
-            locks_scores_triton(q, sums[layer % len(sums)], *tables, dec.max_pages, dec.sm_scale, dec.config,
-                                dec.selection_state, dec.candidates, dec.score_options)
-
-        def mode(fns):
-            def run():
-                for layer in range(chain.layers):
-                    for fn in fns:
-                        fn(layer)
-            return run
-
-        runs = {"score": mode((score,)), "score_tokens": mode((score, lambda layer: tokens())),
-                "tokens": mode((lambda layer: tokens(),)), "full": chain.run}
-        times = {name: [] for name in runs}
-        for _ in range(ROUNDS):
-            for name, run in runs.items():
-                times[name].append(graph_ms(run, 30))
-                dec.selection_state.mass.zero_()
-        us = {m: round(sorted(t)[ROUNDS // 2] * 1e3 / chain.layers, 2) for m, t in times.items()}
+        runs = {"score": chain.every_layer((chain.score,)), "score_tokens": chain.every_layer((chain.score, tokens)),
+                "tokens": chain.every_layer((tokens,)), "full": chain.run}
+        times, us = chain.alternate(runs, ROUNDS)
         row = {"shape": shape, "batch": bsz, "context": context, "grids": grids, "ms": times, "us_per_layer": us,
                "derived_us_per_layer": {"tokens_after_score": round(us["score_tokens"] - us["score"], 2),
                                         "real_after_score": round(us["full"] - us["score"], 2)}}
         print(json.dumps({k: v for k, v in row.items() if k != "ms"}), flush=True)
         rows.append(row)
-        del chain, runs
+        del chain
         torch.cuda.empty_cache()
         save_rows(out_path, "python benchmarks/trials/boundary_floor.py OUT.json " + " ".join(sys.argv[2:]), rows)
 

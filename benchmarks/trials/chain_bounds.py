@@ -23,47 +23,31 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_decode import graph_ms  # noqa: E402
 from probe_inputs import ChainStep, save_rows  # noqa: E402
-from sglang_locks.scoring import locks_scores_triton  # noqa: E402
 
 ROUNDS = 3
 THRASH_MB = int(os.environ.get("THRASH_MB", "400"))
 
 
 def modes(chain: ChainStep, src: torch.Tensor, dst: torch.Tensor) -> dict:
-    dec, q, tables = chain.dec, chain.q, chain.tables
-    sums = chain.sums
-
-    def layer_kv(layer):
-        return chain.ks[layer % chain.n_kv], chain.vs[layer % chain.n_kv]
-
-    def score(layer):
-        locks_scores_triton(q, sums[layer % len(sums)], *tables, dec.max_pages, dec.sm_scale, dec.config,
-                            dec.selection_state, dec.candidates, dec.score_options)
+    dec, q, sums = chain.dec, chain.q, chain.sums
 
     def select(layer):
-        dec.select(q, sums[layer % len(sums)], *tables)
+        dec.select(q, sums[layer % len(sums)], *chain.tables)
 
     def attend(layer):
-        dec.sparse.run(q, *layer_kv(layer), out=chain.out)
+        dec.sparse.run(q, chain.ks[layer % chain.n_kv], chain.vs[layer % chain.n_kv], out=chain.out)
 
-    parts = {"full": (select, attend), "score": (score,), "score_select": (select,), "score_attend": (score, attend),
-             "attend": (attend,)}
+    parts = {"full": (select, attend), "score": (chain.score,), "score_select": (select,),
+             "score_attend": (chain.score, attend), "attend": (attend,)}
 
-    def step(fns, thrash):
-        def run():
-            for layer in range(chain.layers):
-                for fn in fns:
-                    fn(layer)
-                if thrash:
-                    dst.copy_(src)
-        return run
+    def thrash():
+        dst.copy_(src)
 
-    out = {name: step(fns, False) for name, fns in parts.items()}
-    out.update({f"{name}_thrash": step(fns, True) for name, fns in parts.items() if name in ("full", "score_attend",
-                                                                                               "score_select")})
-    out["thrash"] = step((), True)
+    out = {name: chain.every_layer(fns) for name, fns in parts.items()}
+    out.update({f"{name}_thrash": chain.every_layer(fns, thrash) for name, fns in parts.items()
+                if name in ("full", "score_attend", "score_select")})
+    out["thrash"] = chain.every_layer((), thrash)
     return out
 
 
@@ -78,14 +62,7 @@ def main():
         chain = ChainStep(shape, [context + 32 - 37 * i for i in range(bsz)], max_pages=(context + 1024) // 16)
         chain.run()  # entries for the no-select modes
         torch.cuda.synchronize()
-        runs = modes(chain, src, dst)
-        times = {name: [] for name in runs}
-        for _ in range(ROUNDS):
-            for name, run in runs.items():
-                times[name].append(graph_ms(run, 30))
-                chain.dec.selection_state.mass.zero_()
-        med = {m: sorted(t)[ROUNDS // 2] for m, t in times.items()}
-        us = {m: round(v * 1e3 / chain.layers, 2) for m, v in med.items()}
+        times, us = chain.alternate(modes(chain, src, dst), ROUNDS)
         derived = {
             "select_in_chain": round(us["full"] - us["score_attend"], 2),
             "attend_in_chain": round(us["full"] - us["score_select"], 2),
@@ -97,7 +74,7 @@ def main():
                "derived_us_per_layer": derived}
         print(json.dumps({k: v for k, v in row.items() if k != "ms"}), flush=True)
         rows.append(row)
-        del chain, runs
+        del chain
         torch.cuda.empty_cache()
         save_rows(out_path, "python benchmarks/trials/chain_bounds.py OUT.json " + " ".join(sys.argv[2:]), rows,
                   thrash_mb=THRASH_MB)

@@ -8,7 +8,8 @@ import sys
 import torch
 
 sys.path.insert(0, "benchmarks")
-from attention_decode import SHAPES, random_summaries  # noqa: E402
+from attention_decode import SHAPES, graph_ms, random_summaries  # noqa: E402
+from sglang_locks.scoring import locks_scores_triton  # noqa: E402
 
 
 def load_kernel_version(name: str, path: str):
@@ -104,6 +105,32 @@ class ChainStep:
         for layer in range(self.layers):
             self.dec.select(self.q, self.sums[layer % len(self.sums)], *self.tables)
             self.dec.sparse.run(self.q, self.ks[layer % self.n_kv], self.vs[layer % self.n_kv], out=self.out)
+
+    def score(self, layer: int) -> None:
+        """The score kernel of one layer alone (its mass slots left for the selection that does not follow)."""
+        dec = self.dec
+        locks_scores_triton(self.q, self.sums[layer % len(self.sums)], *self.tables, dec.max_pages, dec.sm_scale,
+                            dec.config, dec.selection_state, dec.candidates, dec.score_options)
+
+    def every_layer(self, fns, after_layer=None):
+        """A step running fns(layer) for each layer in turn (then after_layer(), if given)."""
+        def run():
+            for layer in range(self.layers):
+                for fn in fns:
+                    fn(layer)
+                if after_layer is not None:
+                    after_layer()
+        return run
+
+    def alternate(self, runs: dict, rounds: int, reps: int = 30):
+        """CUDA-graph times (ms) of each step in runs, alternated rounds times, the mass slots zeroed after each
+        (steps without the selection leave them unread): (times per step, median us a layer per step)."""
+        times = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, run in runs.items():
+                times[name].append(graph_ms(run, reps))
+                self.dec.selection_state.mass.zero_()
+        return times, {m: round(sorted(t)[rounds // 2] * 1e3 / self.layers, 2) for m, t in times.items()}
 
 
 def save_rows(out_path: str, command: str, rows: list, **extra) -> None:
