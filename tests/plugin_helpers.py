@@ -7,6 +7,7 @@ flush) and the radix cache's caching of requests.
 """
 
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -20,8 +21,31 @@ def load_sglang_plugins():
     load_plugins()
 
 
+def extend_backend(store, kv, req_to_token_pool):
+    """LOCKS's attention backend as far as extend goes (_plan_extend, forward_extend), on the CPU: FlashInfer's
+    own forward_extend, which the backend calls first, is a stand-in that writes the KV when asked to."""
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    from sglang_locks.plugin.attention_backend import LocksFlashInferAttnBackend
+
+    class StockExtend(FlashInferAttnBackend):
+        def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+            if save_kv_cache:
+                self.token_to_kv_pool.k_buffer[layer.layer_id][forward_batch.out_cache_loc] = k
+            return q
+
+    class Backend(LocksFlashInferAttnBackend, StockExtend):  # super() in LOCKS's methods is StockExtend
+        def __init__(self):  # none of FlashInfer's set-up
+            self.store, self.token_to_kv_pool, self.req_to_token_pool, self.sealed = store, kv, req_to_token_pool, None
+
+    return Backend()
+
+
 class Harness:
-    def __init__(self, config, pages=64, max_context=1024):
+    """kv_writer: who writes an extend's KV, "backend" (save_kv_cache=True) or "model" (a fused KV write
+    before attention, which then gets save_kv_cache=False)."""
+
+    def __init__(self, config, pages=64, max_context=1024, kv_writer="backend"):
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -41,6 +65,8 @@ class Harness:
         num_pages = self.kv.get_key_buffer(0).shape[0] // 16
         self.store = SummaryStore(config, range(LAYERS), num_pages, KV_HEADS, HEAD_DIM, "cpu")
         attach_store(self.kv, self.store)
+        self.backend = extend_backend(self.store, self.kv, self.req_to_token_pool)
+        self.kv_writer = kv_writer
         self.gen = torch.Generator().manual_seed(0)
         self.seq_lens = {}  # req pool index -> tokens in the cache
 
@@ -49,8 +75,6 @@ class Harness:
         return self.req_to_token_pool.req_to_token
 
     def new_request(self) -> int:
-        from types import SimpleNamespace
-
         return self.req_to_token_pool.alloc([SimpleNamespace(req_pool_idx=None)])[0]
 
     def keys_for(self, n):
@@ -60,8 +84,9 @@ class Harness:
         """What every forward does first (the backend's init_forward_metadata)."""
         self.store.flush_pending(self.kv)
 
-    def extend(self, reqs, extend_lens, prefix_lens=None):
-        """One extend forward: reqs continue from their cached length (or the given radix prefix)."""
+    def extend(self, reqs, extend_lens, prefix_lens=None, layers=range(LAYERS)):
+        """One extend forward through the layers given: reqs continue from their cached length (or the given
+        radix prefix)."""
         from sglang.srt.mem_cache.allocator.paged import alloc_extend_naive
 
         self.forward_start()
@@ -78,10 +103,15 @@ class Harness:
             self.req_to_token[r, p:s] = out[at : at + s - p].to(torch.int32)
             at += s - p
             self.seq_lens[r] = s
-        sealed = self.store.sealed_by_extend(self.req_to_token, torch.tensor(reqs), prefix, torch.tensor(seq))
-        for layer in range(LAYERS):  # forward_extend: KV write, then the layer's summaries
-            self.kv.k_buffer[layer][out] = self.keys_for(out.numel())
-            self.store.build_layer(layer, self.kv.get_key_buffer(layer), sealed)
+        fb = SimpleNamespace(req_pool_indices=torch.tensor(reqs), extend_prefix_lens_cpu=prefix,
+                             seq_lens_cpu=torch.tensor(seq), out_cache_loc=out)
+        self.backend._plan_extend(fb)
+        for layer in layers:
+            k = self.keys_for(out.numel())
+            if self.kv_writer == "model":
+                self.kv.k_buffer[layer][out] = k
+            self.backend.forward_extend(None, k, k, SimpleNamespace(layer_id=layer), fb,
+                                        save_kv_cache=self.kv_writer == "backend")
         return out
 
     def decode(self, reqs):

@@ -11,9 +11,10 @@ from sglang_locks.config import LocksConfig
 CFG = LocksConfig(token_budget=64, sink_pages=1, local_pages=1, summary_precision="fp32")  # 4 pages
 
 
-@pytest.fixture
-def h():
-    return Harness(CFG)
+@pytest.fixture(params=["backend", "model"])
+def h(request):
+    """Both kinds of model: the backend writes an extend's KV, or the model does (fused KV write)."""
+    return Harness(CFG, kv_writer=request.param)
 
 
 def cache_request(h, req, token_ids):
@@ -191,3 +192,42 @@ def test_counters_reach_server_info(h):
     add_locks_state(result, SimpleNamespace(token_to_kv_pool_allocator=h.allocator), None)
     assert result.internal_state["locks"]["built_pages"] == 3
     assert result.internal_state["locks"]["store_bytes"] == h.store.nbytes() > 0
+
+
+def test_page_reused_under_a_model_that_writes_its_own_kv_is_rebuilt():
+    """Models with a fused KV write (bailing_moe, sdar, llada2, gpt_oss on CUDA with a bf16 cache) call attention
+    with save_kv_cache=False: a page released by r1 and taken by r2 must carry r2's summary, not r1's."""
+    h = Harness(CFG, kv_writer="model")
+    r1 = h.new_request()
+    h.extend([r1], [16 * 6])
+    old = h.pages_of(r1)
+    h.allocator.free(h.req_to_token[r1, : 16 * 6].long())
+    r2 = h.new_request()
+    h.extend([r2], [16 * 6])
+    pages = h.pages_of(r2)
+    assert set(pages.tolist()) & set(old.tolist())  # the allocator handed r1's pages to r2
+    assert h.store.is_valid(pages).all()
+    h.assert_summaries_current(pages)
+    assert h.stale_scorable([r2]) == 0
+
+
+def test_page_is_valid_only_once_every_locks_layer_is_built(h):
+    """An extend whose forward built one layer of two leaves its pages invalid, and the checker counts them."""
+    r = h.new_request()
+    h.extend([r], [16 * 8], layers=[0])
+    assert not h.store.is_valid(h.pages_of(r)).any()
+    assert h.stale_scorable([r]) == 8 - 1 - 1  # all but the sink and the local page
+
+
+def test_layer_attended_again_in_one_forward_is_not_rebuilt(monkeypatch):
+    """Models that call a layer's attention again on its cached KV (k=None, save_kv_cache=False, e.g.
+    iquest_loopcoder) build its summaries once per forward."""
+    h = Harness(CFG)
+    r = h.new_request()
+    h.extend([r], [16 * 3])
+    calls = []
+    monkeypatch.setattr(type(h.store.layer(0)), "write_from_cache", lambda *a: calls.append(a))
+    h.backend.forward_extend(None, None, None, SimpleNamespace(layer_id=0), None, save_kv_cache=False)
+    assert calls == []
+    assert h.store.is_valid(h.pages_of(r)).all()
+    h.assert_summaries_current(h.pages_of(r))

@@ -267,7 +267,9 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
     # ------------------------------------------------------------ per-layer work
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         o = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
-        if save_kv_cache and self.sealed is not None:
+        # Without save_kv_cache the model wrote the layer's KV itself (fused with RoPE) or reads KV already
+        # cached: either way the layer's keys are in the cache now.
+        if self.sealed is not None:
             self.store.build_layer(layer.layer_id, self.token_to_kv_pool.get_key_buffer(layer.layer_id),
                                    self.sealed)
         return o

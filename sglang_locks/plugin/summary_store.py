@@ -6,8 +6,11 @@ so a page sealed at decode is summarised for all layers in one batched call;
 
 Validity. ``page_generation[p]`` counts the allocator's releases of page p;
 ``summary_generation[p]`` is the generation its summary was built for. A
-summary is valid iff the two agree. Builds at extend stamp the page's current
-generation. Pages sealed by a decode step are summarised at the start of the
+summary is valid iff the two agree. A page sealed by an extend is stamped with
+the generation it had when the extend was planned once its summary is built for
+every LOCKS layer (``build_layer``), whoever wrote the layer's KV: the
+attention backend, or the model itself (fused KV writes call attention with
+save_kv_cache=False); a layer left unbuilt leaves the page invalid. Pages sealed by a decode step are summarised at the start of the
 next forward (outside the decode CUDA graph: how many pages a step seals
 varies), in one build launch for all layers, with the generation read when the
 step sealed them: a page released in between is written to page 0 (never
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import collections
 import weakref
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -57,10 +60,12 @@ def summary_bytes_per_page_per_head(config: LocksConfig, head_dim: int) -> int:
 
 
 class SealedPages:
-    """Pages sealed by one extend: physical page ids [n] and their token slots [n, 16] (device)."""
+    """Pages sealed by one extend: physical page ids [n], their token slots [n, 16] and their generation
+    when the extend was planned [n] (device), and the LOCKS layers whose summaries are built so far."""
 
-    def __init__(self, pages: torch.Tensor, slots: torch.Tensor):
-        self.pages, self.slots = pages, slots
+    def __init__(self, pages: torch.Tensor, slots: torch.Tensor, generation: torch.Tensor):
+        self.pages, self.slots, self.generation = pages, slots, generation
+        self.built_layers: Set[int] = set()
 
     def __len__(self) -> int:
         return self.pages.numel()
@@ -120,7 +125,8 @@ class SummaryStore:
         total = int(counts.sum())
         if total == 0:
             return SealedPages(torch.zeros(0, dtype=torch.int64, device=device),
-                               torch.zeros(0, PAGE_SIZE, dtype=torch.int64, device=device))
+                               torch.zeros(0, PAGE_SIZE, dtype=torch.int64, device=device),
+                               torch.zeros(0, dtype=torch.int32, device=device))
         rows = torch.repeat_interleave(torch.arange(counts.numel()), counts)
         page_in_req = torch.arange(total) - torch.repeat_interleave(counts.cumsum(0) - counts, counts) + first[rows]
         rows_t = rows.to(device, non_blocking=True)
@@ -128,14 +134,18 @@ class SummaryStore:
         req = req_pool_indices.to(torch.int64)[rows_t]
         slots = req_to_token[req[:, None], pos[:, None] + torch.arange(PAGE_SIZE, device=device)].to(torch.int64)
         pages = slots[:, 0] // PAGE_SIZE
-        self.summary_generation[pages] = self.page_generation[pages]
         self.built_pages += total
-        return SealedPages(pages, slots)
+        return SealedPages(pages, slots, self.page_generation[pages])
 
     def build_layer(self, layer_id: int, k_buffer: torch.Tensor, sealed: SealedPages) -> None:
-        """Summarise one layer's keys of the sealed pages (called right after the layer's KV write)."""
-        if len(sealed) and layer_id in self._views:
-            self._views[layer_id].write_from_cache(sealed.pages[None], [k_buffer], sealed.slots)
+        """Summarise one layer's keys of the sealed pages, once per extend (called once the layer's KV is in
+        the cache); the pages become valid when every LOCKS layer is built."""
+        if not len(sealed) or layer_id not in self._views or layer_id in sealed.built_layers:
+            return
+        self._views[layer_id].write_from_cache(sealed.pages[None], [k_buffer], sealed.slots)
+        sealed.built_layers.add(layer_id)
+        if len(sealed.built_layers) == len(self._views):
+            self.summary_generation[sealed.pages] = sealed.generation
 
     # ------------------------------------------------------------------ decode
     def record_decode_seals(self, req_to_token, req_pool_indices, seq_lens: Sequence[int]) -> None:
