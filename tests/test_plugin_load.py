@@ -1,9 +1,11 @@
 """The entry point loads in SGLang's load_plugins() and every hook is applied (SGLang only logs failures)."""
 
 import os
+import re
 import subprocess
 import sys
 
+import pytest
 
 from plugin_helpers import load_sglang_plugins
 
@@ -98,3 +100,42 @@ def test_summary_bytes_shrink_the_kv_cell(monkeypatch):
     kvc.server_args.locks_config = None
     assert add_summary_bytes(1000, None, kvc, 32) == 1000
     assert hasattr(DefaultPoolConfigurator._compute_cell_size, "__wrapped__")
+
+
+def _start_locks_backend():
+    """What SGLang's model runner does at start-up: build the "flashinfer" backend of a server with --enable-locks."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    from sglang_locks.config import LocksConfig
+
+    load_sglang_plugins()
+    ATTENTION_BACKENDS["flashinfer"](SimpleNamespace(server_args=SimpleNamespace(locks_config=LocksConfig())))
+
+
+def test_start_up_fails_naming_a_hook_that_was_not_applied(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_locks.plugin import ALLOCATOR
+
+    load_sglang_plugins()
+    target = f"{ALLOCATOR}._release_page_ids"
+    monkeypatch.setattr(HookRegistry, "_patched", HookRegistry._patched - {target})
+    with pytest.raises(RuntimeError, match=f"did not apply the plugin's hooks to {re.escape(target)} \\("):
+        _start_locks_backend()
+
+
+def test_start_up_fails_on_an_sglang_version_not_supported(monkeypatch):
+    import sglang
+
+    monkeypatch.setattr(sglang, "__version__", "0.4.0")
+    with pytest.raises(RuntimeError, match=r"supports SGLang 0\.5\.17, not 0\.4\.0"):
+        _start_locks_backend()
+
+
+def test_start_up_checks_pass_on_the_supported_install():
+    from sglang_locks.plugin import check_installed
+
+    load_sglang_plugins()
+    check_installed()

@@ -12,6 +12,8 @@ SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 ALLOCATOR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
 DECODE_GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 
+SUPPORTED_SGLANG_VERSIONS = ("0.5.17",)
+
 # (target, hook, hook type name): everything the plugin patches.
 HOOKS = (
     (f"{SERVER_ARGS}.add_cli_args", server_args.add_locks_args, "AFTER"),
@@ -39,11 +41,27 @@ def register() -> None:
         attention_registry.ATTENTION_BACKENDS["flashinfer"] = _locks_or_stock(stock)
 
 
+def check_installed() -> None:
+    """Refuse --enable-locks unless this is a supported SGLang and every hook is in place: SGLang only logs a hook
+    it failed to apply, and without the release hooks freed pages would be scored from their old summaries."""
+    import sglang
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    if sglang.__version__ not in SUPPORTED_SGLANG_VERSIONS:
+        raise RuntimeError(f"--enable-locks supports SGLang {', '.join(SUPPORTED_SGLANG_VERSIONS)}, "
+                           f"not {sglang.__version__}")
+    missing = [target for target, _, _ in HOOKS if target not in HookRegistry._patched]
+    if missing:
+        raise RuntimeError(f"--enable-locks: SGLang did not apply the plugin's hooks to {', '.join(missing)} "
+                           "(see SGLang's 'Failed to apply hooks' log lines)")
+
+
 def _locks_or_stock(stock_factory):
     def create_flashinfer_backend(runner):
         config = server_args.locks_config_of(runner.server_args)
         if config is None:
             return stock_factory(runner)
+        check_installed()
         from .attention_backend import LocksFlashInferAttnBackend  # needs FlashInfer
 
         return LocksFlashInferAttnBackend(runner, config)
