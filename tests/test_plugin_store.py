@@ -86,6 +86,7 @@ def test_release_invalidates(h):
     pages = h.pages_of(r)
     h.allocator.free(h.req_to_token[r, : 16 * 4].long())
     assert not h.store.is_valid(pages).any()
+    assert h.store.counters()["released_pages"] == 4
 
 
 def test_radix_eviction_invalidates(h):

@@ -10,21 +10,18 @@ steps of fewer than 1024 KV tokens in all run FlashInfer's dense decode
 (--locks-min-step-tokens 1024), so both decode graphs of each batch size serve.
 """
 
-import concurrent.futures
-import json
 import os
-import random
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from server_process import Server, random_prompts as prompts  # noqa: E402
+
 MODEL = os.environ.get("LOCKS_GPU_MODEL", os.path.join(ROOT, ".gpu-kit", "llama8b-dummy"))
 LOG_DIR = os.environ.get("OUT", "/tmp")
 BUDGET, CONTEXT, MIN_STEP_TOKENS = 2048, 40960, 1024
@@ -32,59 +29,11 @@ BUDGET, CONTEXT, MIN_STEP_TOKENS = 2048, 40960, 1024
 TP = os.environ.get("LOCKS_GPU_TP", "1")
 COMMON = ["--model-path", MODEL, "--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(CONTEXT),
           "--mem-fraction-static", "0.6", "--cuda-graph-max-bs", "8", "--disable-prefill-cuda-graph",
-          "--host", "127.0.0.1", "--tp-size", TP]
+          "--tp-size", TP]
 
 
-class Server:
-    def __init__(self, name, port, flags, env=None):
-        self.url = f"http://127.0.0.1:{port}"
-        os.makedirs(LOG_DIR, exist_ok=True)
-        self.log = os.path.join(LOG_DIR, f"server_{name}.log")
-        cmd = [sys.executable, "-m", "sglang.launch_server", *COMMON, "--port", str(port), *flags]
-        with open(self.log, "w") as log:
-            log.write(" ".join(cmd) + "\n")
-            log.flush()
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, **(env or {})})
-        t0 = time.time()
-        while time.time() - t0 < 600:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server {name} exited with {self.proc.returncode}; see {self.log}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except Exception:  # noqa: BLE001 - not up yet
-                time.sleep(2)
-        raise RuntimeError(f"server {name} not ready in 600 s; see {self.log}")
-
-    def generate(self, ids, max_new_tokens=32):
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
-                                                      "ignore_eos": True}}
-        req = urllib.request.Request(self.url + "/generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
-
-    def generate_all(self, prompts, max_new_tokens=32):
-        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-            return list(pool.map(lambda p: self.generate(p, max_new_tokens), prompts))
-
-    def locks_counters(self):
-        with urllib.request.urlopen(self.url + "/server_info", timeout=60) as r:
-            return json.loads(r.read())["internal_states"][0]["locks"]
-
-    def stop(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        except Exception:  # noqa: BLE001
-            os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-def prompts(seed, lengths):
-    rng = random.Random(seed)
-    return [[rng.randrange(100, 120000) for _ in range(n)] for n in lengths]
+def start_server(name, port, flags, env=None):
+    return Server(name, port, [*COMMON, *flags], LOG_DIR, env)
 
 
 EQUALITY_PROMPTS = prompts(1, [17, 300, 1000, 1555, 1990])  # + 32 new tokens: within the 2048-token budget
@@ -93,7 +42,7 @@ EQUALITY_PROMPTS = prompts(1, [17, 300, 1000, 1555, 1990])  # + 32 new tokens: w
 @pytest.fixture(scope="module")
 def stock_outputs():
     """Greedy tokens of the stock server (stopped before the LOCKS server starts: one GPU)."""
-    s = Server("stock", 30011, ["--attention-backend", "flashinfer", "--page-size", "16"])
+    s = start_server("stock", 30011, ["--attention-backend", "flashinfer", "--page-size", "16"])
     try:
         return [r["output_ids"] for r in s.generate_all(EQUALITY_PROMPTS)]
     finally:
@@ -102,7 +51,7 @@ def stock_outputs():
 
 @pytest.fixture(scope="module")
 def locks(stock_outputs):
-    s = Server("locks", 30012, ["--enable-locks", "--locks-token-budget", str(BUDGET),
+    s = start_server("locks", 30012, ["--enable-locks", "--locks-token-budget", str(BUDGET),
                                 "--locks-min-step-tokens", str(MIN_STEP_TOKENS)],
                env={"SGLANG_LOCKS_CHECK_STALE": "1"})
     yield s

@@ -87,6 +87,7 @@ class SummaryStore:
         self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (pages, generation when sealed)
         self.built_pages = 0  # pages handed to a build (host count)
         self.reused_pages = 0  # sealed pages of radix-cache hits, never rebuilt
+        self.released_pages = 0  # pages the allocator released one by one (host count; clears not included)
         self.decode_steps: Dict[str, int] = collections.Counter()  # per variant (graph_variants)
         self._dropped = torch.zeros((), dtype=torch.int64, device=device)  # released before their build
         self._stale_scorable = torch.zeros((), dtype=torch.int64, device=device)  # see check_scorable
@@ -109,6 +110,7 @@ class SummaryStore:
         for ids in page_ids:
             if ids.numel():
                 self.page_generation[ids.to(self.page_generation.device)] += 1
+                self.released_pages += ids.numel()
 
     def invalidate_all(self) -> None:
         self.page_generation += 1
@@ -216,6 +218,7 @@ class SummaryStore:
         return {
             "built_pages": self.built_pages - dropped,
             "reused_pages": self.reused_pages,
+            "released_pages": self.released_pages,
             "dropped_released_pages": dropped,
             "stale_scorable_pages": int(self._stale_scorable),
             "store_bytes": self.nbytes(),
