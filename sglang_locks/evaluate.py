@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from typing import Dict, Iterable, List, Optional
 
@@ -26,22 +28,85 @@ import torch
 from .config import PAGE_SIZE, LocksConfig, SUMMARY_PRECISIONS, GQA_AGGREGATIONS
 from .kernels.aggregate_scores import aggregate_scores_torch
 from .selection import select_pages
-from .selectors import make_selector
+from .selectors import SELECTOR_SPECS, make_selector
 
 
-def load_kv(path: str) -> Dict[str, torch.Tensor]:
-    data = torch.load(path, map_location="cpu", weights_only=True)
+class InputError(ValueError):
+    """Input the tool refuses: main() prints it as one line and exits 2."""
+
+
+_LAYOUT = "a dict of keys [N, H_kv, d], queries [M, H_q, d] and optionally values [N, H_kv, d]"
+
+
+def load_kv(path: str) -> Dict[str, Optional[torch.Tensor]]:
+    """FILE.pt's keys, queries and values, checked by check_kv; InputError naming the file otherwise."""
+    where = f"--kv {path}"
+    try:
+        empty = os.path.getsize(path) == 0
+        data = None if empty else torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as e:
+        raise InputError(f"{where}: cannot read it: {e.strerror or e}") from e
+    except Exception as e:  # foreign bytes fail torch.load in many types (KeyError, EOFError, UnpicklingError, ...)
+        raise InputError(f"{where}: not a torch.save file of tensors ({type(e).__name__}); need {_LAYOUT}") from e
+    if empty:
+        raise InputError(f"{where}: empty file; need {_LAYOUT}")
+    return check_kv(data, where)
+
+
+def _describe(x) -> str:
+    return f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def check_kv(data, where: str = "data") -> Dict[str, Optional[torch.Tensor]]:
+    """keys, queries and values of data, or InputError naming the field and what it must be: nothing
+    evaluate reports may come from an empty or non-finite input."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: holds a {type(data).__name__}; need {_LAYOUT}")
     for name in ("keys", "queries"):
         if name not in data:
-            raise ValueError(f"{path}: missing '{name}' (need keys [N, H_kv, d] and queries [M, H_q, d])")
-    keys, queries, values = data["keys"], data["queries"], data.get("values")
-    if keys.dim() != 3 or queries.dim() != 3 or keys.shape[2] != queries.shape[2]:
-        raise ValueError(f"{path}: keys must be [N, H_kv, d] and queries [M, H_q, d] with one d")
-    if queries.shape[1] % keys.shape[1]:
-        raise ValueError(f"{path}: query heads {queries.shape[1]} not a multiple of KV heads {keys.shape[1]}")
+            raise InputError(f"{where}: missing '{name}'; need {_LAYOUT}")
+    fields = {name: data.get(name) for name in ("keys", "queries", "values")}
+    for name, x in fields.items():
+        if x is None and name == "values":
+            continue
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 3):
+            raise InputError(f"{where}: {name} must be a 3-dim floating-point tensor, got {_describe(x)}")
+    keys, queries, values = fields.values()
+    n, hkv, d = keys.shape
+    if min(n, hkv, d) < 1:
+        raise InputError(f"{where}: keys [N, H_kv, d] need N >= 1 tokens, H_kv >= 1 heads and d >= 1, "
+                         f"got shape {tuple(keys.shape)}")
+    m, hq, dq = queries.shape
+    if m < 1 or hq < hkv or hq % hkv or dq != d:
+        raise InputError(f"{where}: queries [M, H_q, d] need M >= 1 queries, H_q a positive multiple of the keys' "
+                         f"H_kv = {hkv} and the keys' d = {d}, got shape {tuple(queries.shape)}")
     if values is not None and values.shape != keys.shape:
-        raise ValueError(f"{path}: values must have the shape of keys {tuple(keys.shape)}")
-    return {"keys": keys, "queries": queries, "values": values}
+        raise InputError(f"{where}: values must have the keys' shape {tuple(keys.shape)}, got {tuple(values.shape)}")
+    for name, x in fields.items():
+        bad = 0 if x is None else x.numel() - int(torch.isfinite(x).sum())
+        if bad:
+            raise InputError(f"{where}: {name} must be finite, got {bad} NaN or Inf of {x.numel()} entries")
+    return fields
+
+
+def _configs(budgets: Iterable[int], **config) -> List[LocksConfig]:
+    budgets = list(budgets)
+    if not budgets:
+        raise InputError("--budget: need at least one token budget, e.g. 64,256,512,2048")
+    try:
+        return [LocksConfig(token_budget=b, **config) for b in budgets]
+    except ValueError as e:  # its message names the field and its range
+        raise InputError(str(e)) from e
+
+
+def _selectors(specs: Iterable[str], rank: int, precision: str) -> list:
+    specs = list(specs)
+    if not specs:
+        raise InputError(f"--selectors: need at least one of {SELECTOR_SPECS}")
+    try:
+        return [make_selector(spec, rank, precision) for spec in specs]
+    except ValueError as e:
+        raise InputError(str(e)) from e
 
 
 def _token_mask(sel: torch.Tensor, n_tokens: int, budget_pages: int, hkv: int, m: int) -> torch.Tensor:
@@ -67,22 +132,26 @@ def evaluate(
     aggregation: str = "mass",
     query_chunk: int = 4,
 ) -> List[dict]:
-    keys, queries, values = data["keys"].float(), data["queries"].float(), data.get("values")
+    """One row per selector and budget; InputError (a ValueError) for anything check_kv, LocksConfig or
+    make_selector refuses, before any selector runs."""
+    keys, queries, values = check_kv(data).values()
+    keys, queries = keys.float(), queries.float()
+    configs = _configs(budgets, rank=rank, sink_pages=sink_pages, local_pages=local_pages,
+                       summary_precision=precision, gqa_aggregation=aggregation)
+    selector_objs = _selectors(selectors, rank, precision)
     n, hkv, d = keys.shape
     hq = queries.shape[1]
     group = hq // hkv
     sm_scale = d**-0.5
-    configs = [
-        LocksConfig(token_budget=b, rank=rank, sink_pages=sink_pages, local_pages=local_pages,
-                    summary_precision=precision, gqa_aggregation=aggregation)
-        for b in budgets
-    ]
     k_full = keys.repeat_interleave(group, 1)  # [N, Hq, d]
     v_full = None if values is None else values.float().repeat_interleave(group, 1)
     rows = []
-    for spec in selectors:
-        sel_obj = make_selector(spec, rank, precision)
-        sel_obj.prepare(keys, sm_scale)
+    while selector_objs:
+        sel_obj = selector_objs.pop(0)  # dropped after its rows: a prepared selector holds as much as the keys
+        try:
+            sel_obj.prepare(keys, sm_scale)
+        except ValueError as e:  # keys this selector cannot summarise (LOCKS: an odd d)
+            raise InputError(f"selector {sel_obj.name!r}: {e}") from e
         recall = {c.token_budget: [] for c in configs}
         error = {c.token_budget: [] for c in configs}
         for start in range(0, queries.shape[0], query_chunk):
@@ -110,12 +179,15 @@ def evaluate(
                     error[c.token_budget].append(err.flatten())
         for c in configs:
             b = c.token_budget
-            rows.append({
-                "selector": sel_obj.name,
-                "budget": b,
-                "recall": torch.cat(recall[b]).mean().item(),
-                "rel_error": torch.cat(error[b]).mean().item() if error[b] else None,
-            })
+            figures = {"recall": torch.cat(recall[b]).mean().item()}
+            if error[b]:
+                figures["rel_error"] = torch.cat(error[b]).mean().item()
+            if not all(map(math.isfinite, figures.values())):
+                shown = ", ".join(f"{k} {v}" for k, v in figures.items())
+                raise InputError(f"selector {sel_obj.name!r} at budget {b}: {shown} from finite input: attention "
+                                 f"overflows float32 (scale keys, queries or values down)")
+            rows.append({"selector": sel_obj.name, "budget": b, "recall": figures["recall"],
+                         "rel_error": figures.get("rel_error")})
     return rows
 
 
@@ -132,8 +204,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--kv", required=True, help="torch file with keys, queries[, values]")
     ap.add_argument("--budget", type=_parse_budgets, required=True, help="token budgets, e.g. 64,256,512,2048")
     ap.add_argument("--selectors", default="locks,quest,shared,oracle",
-                    help="comma-separated: locks[:fp32|bf16|int8-int4-int8], locks-prefilter:F[:R] (the decode "
-                         "prefilter, --locks-prefilter F --locks-prefilter-rank R), quest, shared[:RANK], oracle")
+                    help=f"comma-separated: {SELECTOR_SPECS} (locks-prefilter:F[:R]: the decode prefilter, "
+                         "--locks-prefilter F --locks-prefilter-rank R)")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--precision", default="int8-int4-int8", choices=SUMMARY_PRECISIONS)
     ap.add_argument("--sink-pages", type=int, default=1)
@@ -142,11 +214,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON list of rows")
     args = ap.parse_args(argv)
     try:
-        data = load_kv(args.kv)
-        rows = evaluate(data, args.budget, [s for s in args.selectors.split(",") if s], args.rank,
-                        args.precision, args.sink_pages, args.local_pages, args.aggregation)
-    except ValueError as e:
-        ap.error(str(e))
+        rows = evaluate(load_kv(args.kv), args.budget, [s.strip() for s in args.selectors.split(",") if s.strip()],
+                        args.rank, args.precision, args.sink_pages, args.local_pages, args.aggregation)
+    except InputError as e:  # one line: ap.error would print the usage above it
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         print()

@@ -22,10 +22,11 @@ differ only in how they estimate a page's attention mass.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
-from .config import PAGE_SIZE, LocksConfig
+from .config import PAGE_SIZE, SUMMARY_PRECISIONS, LocksConfig
 from .scoring import prefiltered, prefiltered_aggregate_torch
 from .selection import select_pages
 from .summaries import PageSummaries
@@ -135,22 +136,40 @@ class OracleSelector:
         return torch.logsumexp(logits, -1).flatten(1, 2)
 
 
+SELECTOR_SPECS = "locks[:fp32|bf16|int8-int4-int8], locks-prefilter:F[:R], quest, shared[:RANK], oracle"
+
+
+def _integer(text: str, low: int, high: Optional[int] = None) -> Optional[int]:
+    """text as an integer in [low, high] (high None: unbounded), else None."""
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if low <= value and (high is None or value <= high) else None
+
+
 def make_selector(spec: str, rank: int = 8, precision: str = "int8-int4-int8"):
     """'locks', 'locks:fp32', 'locks:bf16', 'locks-prefilter:8', 'locks-prefilter:8:2', 'quest', 'shared',
-    'shared:32', 'oracle'."""
+    'shared:32', 'oracle'; ValueError naming the spec and the range of its argument otherwise."""
     name, _, arg = spec.partition(":")
     if name == "locks":
+        if arg and arg not in SUMMARY_PRECISIONS:
+            raise ValueError(f"selector {spec!r}: locks:PRECISION takes one of {', '.join(SUMMARY_PRECISIONS)}")
         return LocksSelector(rank, arg or precision)
-    if name == "locks-prefilter" and arg:
+    if name == "locks-prefilter":
         factor, _, estimate_rank = arg.partition(":")
-        if factor.isdigit() and int(factor) > 0 and (not estimate_rank or estimate_rank.isdigit()):
-            if int(estimate_rank or 0) <= rank:
-                return LocksPrefilterSelector(int(factor), int(estimate_rank or 0), rank, precision)
+        factor, estimate_rank = _integer(factor, 1), _integer(estimate_rank or "0", 0, rank)
+        if factor is None or estimate_rank is None:
+            raise ValueError(f"selector {spec!r}: locks-prefilter:F[:R] takes F >= 1 candidate pages per budget page "
+                             f"and R in [0, rank = {rank}] estimate ranks")
+        return LocksPrefilterSelector(factor, estimate_rank, rank, precision)
     if name == "shared":
-        return SharedBasisSelector(int(arg) if arg else rank)
+        shared_rank = _integer(arg, 1) if arg else rank
+        if shared_rank is None:  # ranks above d keep every direction: the keys' own deviations, exactly
+            raise ValueError(f"selector {spec!r}: shared:RANK takes RANK >= 1 basis vectors")
+        return SharedBasisSelector(shared_rank)
     if name == "quest" and not arg:
         return QuestSelector()
     if name == "oracle" and not arg:
         return OracleSelector()
-    raise ValueError(f"unknown selector {spec!r}: use locks[:fp32|bf16|int8-int4-int8], locks-prefilter:F[:R] "
-                     f"(F >= 1 candidate pages per budget page, R <= rank estimate ranks), quest, shared[:RANK], oracle")
+    raise ValueError(f"unknown selector {spec!r}: use {SELECTOR_SPECS}")

@@ -22,11 +22,31 @@ Values are N(0, I).
 from __future__ import annotations
 
 import argparse
-from typing import Dict
+import inspect
+import math
+import os
+from typing import Dict, Optional
 
 import torch
 
 from .config import PAGE_SIZE
+
+# structured_kv's parameters (flags --tokens, --kv-heads, ...) and their allowed [low, high]; high None:
+# unbounded, a name: that parameter's value. An integer low: an integer parameter.
+_RANGES = {
+    "tokens": (1, None),
+    "kv_heads": (1, None),
+    "group": (1, None),
+    "head_dim": (1, None),
+    "queries": (1, None),
+    "page_rank": (1, "head_dim"),  # orthonormal directions of one page in head_dim dimensions
+    "spread": (0.0, None),
+    "key_noise": (0.0, None),
+    "targets": (1, None),  # 0: a query points at the mean of no directions (NaN)
+    "strength": (0.0, None),
+    "query_noise": (0.0, None),
+    "seed": (0, 2**64 - 1),  # torch.Generator's seeds
+}
 
 
 def structured_kv(
@@ -43,6 +63,7 @@ def structured_kv(
     query_noise: float = 0.2,
     seed: int = 0,
 ) -> Dict[str, torch.Tensor]:
+    check_params(locals())  # here locals() is exactly the parameters
     gen = torch.Generator().manual_seed(seed)
     randn = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     n_pages = -(-tokens // PAGE_SIZE)
@@ -68,19 +89,56 @@ def structured_kv(
     return {"keys": keys, "queries": qs, "values": randn(tokens, kv_heads, head_dim)}
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _range(name: str, params: Optional[Dict[str, float]] = None) -> str:
+    """name's allowed range; with params, a bound set by another parameter shows its value."""
+    low, high = _RANGES[name]
+    if high is None:
+        return f">= {low}"
+    if isinstance(high, str):
+        high = _flag(high) + ("" if params is None else f" = {params[high]}")
+    return f"in [{low}, {high}]"
+
+
+def check_params(params: Dict[str, float]) -> None:
+    """ValueError naming the flag and its allowed range for the first of structured_kv's parameters outside it."""
+    for name, (low, high) in _RANGES.items():
+        value = params[name]
+        high = params[high] if isinstance(high, str) else high
+        integer = isinstance(low, int)
+        typed = not isinstance(value, bool) and (
+            isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
+        )
+        if not (typed and low <= value and (high is None or value <= high)):
+            kind = "an integer" if integer else "a finite number"
+            raise ValueError(f"{_flag(name)} must be {kind} {_range(name, params)}, got {value!r}")
+
+
+def _check_out(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise ValueError(f"--out {path}: need a file name in an existing, writable directory")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_locks.synthetic", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--group", type=int, default=4)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--queries", type=int, default=16)
-    ap.add_argument("--page-rank", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
+    defaults = {name: p.default for name, p in inspect.signature(structured_kv).parameters.items()}
+    for name in _RANGES:
+        ap.add_argument(_flag(name), type=type(defaults[name]), default=defaults[name],
+                        help=f"{_range(name)} (default %(default)s)")
     a = ap.parse_args(argv)
-    data = structured_kv(a.tokens, a.kv_heads, a.group, a.head_dim, a.queries, a.page_rank, seed=a.seed)
+    params = {name: getattr(a, name) for name in _RANGES}
+    try:  # both before the generator runs: no traceback and no degenerate file
+        check_params(params)
+        _check_out(a.out)
+    except ValueError as e:  # one line: ap.error would print the usage above it
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
+    data = structured_kv(**params)
     torch.save(data, a.out)
     print(f"wrote {a.out}: keys {tuple(data['keys'].shape)}, queries {tuple(data['queries'].shape)}")
     return 0
