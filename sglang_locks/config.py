@@ -60,7 +60,7 @@ class LocksConfig:
             raise ValueError(f"sink_pages must be >= 0, got {self.sink_pages}")
         if self.local_pages < 0:
             raise ValueError(f"local_pages must be >= 0, got {self.local_pages}")
-        min_budget = (self.sink_pages + self.local_pages + 1) * self.page_size
+        min_budget = self.min_token_budget
         if self.token_budget < min_budget or self.token_budget % self.page_size:
             raise ValueError(
                 f"token_budget must be a multiple of {self.page_size} and >= "
@@ -87,6 +87,33 @@ class LocksConfig:
             raise ValueError(
                 f"gqa_aggregation must be one of {GQA_AGGREGATIONS}, got {self.gqa_aggregation!r}"
             )
+
+    def check_context_len(self, context_len: int) -> None:
+        """ValueError where a context of context_len tokens leaves token_budget or prefilter nothing to select:
+        a budget above the context attends every page densely, and candidates above its pages are every page
+        (both would only size per-request buffers for nothing)."""
+        top = context_len // self.page_size * self.page_size
+        if top < self.min_token_budget:
+            raise ValueError(
+                f"the context length {context_len} is below the smallest token_budget, (sink_pages + local_pages + 1)"
+                f" * page_size = {self.min_token_budget}: every request would decode densely"
+            )
+        if self.token_budget > top:
+            raise ValueError(
+                f"token_budget must be a multiple of {self.page_size} in [{self.min_token_budget}, {top}] (up to the "
+                f"context length {context_len}; a longer budget attends every page densely), got {self.token_budget}"
+            )
+        pages = context_len // self.page_size
+        if self.candidate_pages > pages:
+            raise ValueError(
+                f"prefilter must be in [0, {pages // self.budget_pages}] (prefilter * token_budget / page_size "
+                f"candidate pages, at most the {pages} pages of the context length {context_len}), got {self.prefilter}"
+            )
+
+    @property
+    def min_token_budget(self) -> int:
+        """The sink pages, the local pages and one scored page."""
+        return (self.sink_pages + self.local_pages + 1) * self.page_size
 
     @property
     def budget_pages(self) -> int:

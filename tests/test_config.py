@@ -42,5 +42,30 @@ def test_budget_error_gives_allowed_range():
         LocksConfig(token_budget=64, sink_pages=2, local_pages=2)
 
 
+@pytest.mark.parametrize("kwargs, context_len, message", [
+    (dict(token_budget=2**40), 8192, r"token_budget must be a multiple of 16 in \[48, 8192\] \(up to the context "
+                                     r"length 8192; a longer budget attends every page densely\), got 1099511627776"),
+    (dict(token_budget=8208, sink_pages=2), 8200, r"in \[64, 8192\] .*, got 8208"),  # the top rounded down to a page
+    (dict(token_budget=512, prefilter=17), 8192, r"prefilter must be in \[0, 16\] \(prefilter \* token_budget / "
+                                                 r"page_size candidate pages, at most the 512 pages of the context "
+                                                 r"length 8192\), got 17"),
+    (dict(token_budget=48), 47, r"the context length 47 is below the smallest token_budget, \(sink_pages \+ "
+                                r"local_pages \+ 1\) \* page_size = 48"),
+])
+def test_budget_and_prefilter_beyond_the_context_rejected(kwargs, context_len, message):
+    with pytest.raises(ValueError, match=message):
+        LocksConfig(**kwargs).check_context_len(context_len)
+
+
+@pytest.mark.parametrize("kwargs, context_len", [
+    (dict(token_budget=8192), 8192),
+    (dict(token_budget=8192), 8207),
+    (dict(token_budget=512, prefilter=16), 8192),
+    (dict(token_budget=48), 48),
+])
+def test_budget_and_prefilter_within_the_context_accepted(kwargs, context_len):
+    LocksConfig(**kwargs).check_context_len(context_len)
+
+
 def test_dense_layers_normalised():
     assert LocksConfig(dense_layers=(3, 0, 3)).dense_layers == (0, 3)

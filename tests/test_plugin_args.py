@@ -1,6 +1,8 @@
 """--enable-locks and the --locks-* flags through SGLang's own prepare_server_args (plugins loaded)."""
 
+import logging
 import pickle
+import re
 
 import pytest
 
@@ -44,6 +46,33 @@ def test_without_enable_locks_server_args_are_stock():
     assert (sa.page_size, sa.attention_backend) == (stock.page_size, stock.attention_backend) != (16, "flashinfer")
 
 
+def _flag_warnings(caplog, *flags):
+    """The warnings parsing logs from server_args (caught at its logger: SGLang's log set-up replaces the root's
+    handlers, caplog's among them)."""
+    log = logging.getLogger("sglang_locks.plugin.server_args")
+    caplog.clear()
+    log.addHandler(caplog.handler)
+    try:
+        parse(*flags)
+    finally:
+        log.removeHandler(caplog.handler)
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_locks_flags_without_enable_locks_warn_once_naming_them(caplog):
+    got = _flag_warnings(caplog, "--locks-token-budget", "512", "--locks-prefilter", "2", "--locks-rank", "8")
+    # One line, naming the flags given other values than their defaults (--locks-rank 8 is the default).
+    assert got == ["--locks-token-budget, --locks-prefilter: no effect without --enable-locks"]
+    assert _flag_warnings(caplog) == []
+    assert _flag_warnings(caplog, "--enable-locks", "--locks-token-budget", "512") == []
+
+
+def test_prefilter_rank_without_prefilter_warns(caplog):
+    assert _flag_warnings(caplog, "--enable-locks", "--locks-prefilter-rank", "2") == [
+        "--locks-prefilter-rank 2: no effect without --locks-prefilter (0: every page is scored in full)"]
+    assert _flag_warnings(caplog, "--enable-locks", "--locks-prefilter", "2", "--locks-prefilter-rank", "2") == []
+
+
 def test_help_lists_the_flags():
     import argparse
 
@@ -57,6 +86,8 @@ def test_help_lists_the_flags():
                  "--locks-dense-layers", "--locks-min-context", "--locks-min-step-tokens", "--locks-summary-precision",
                  "--locks-prefilter", "--locks-prefilter-rank", "--locks-sparse-decode"):
         assert flag in text
+    # The range the flag's errors give.
+    assert re.search(r"--locks-local-pages LOCKS_LOCAL_PAGES [^-]*\(>= 1\)", " ".join(text.split()))
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -66,16 +97,34 @@ def test_help_lists_the_flags():
     (["--locks-rank", "17"], r"--locks-rank must be in \[1"),
     (["--locks-sink-pages", "-1"], r"--locks-sink-pages must be >= 0"),
     (["--locks-local-pages", "0"], r"--locks-local-pages must be >= 1, got 0"),
+    (["--locks-local-pages", "-1"], r"--locks-local-pages must be >= 1, got -1"),  # LocksConfig's own bound is 0
     (["--locks-dense-layers", "-2"], r"--locks-dense-layers must be layer indices >= 0"),
     (["--locks-min-context", "-5"], r"--locks-min-context must be >= 0"),
     (["--locks-min-step-tokens", "-1"], r"--locks-min-step-tokens must be >= 0 tokens \(0: never dense\), got -1"),
     (["--locks-prefilter-rank", "9"], r"--locks-prefilter-rank must be in \[0, --locks-rank=8\], got 9"),
     (["--locks-prefilter", "-1"], r"--locks-prefilter must be >= 0 \(candidate pages per budget page; 0: off\)"),
     (["--locks-min-context", "8192", "--locks-dense-layers", "0"], r"--locks-min-context above --locks-token-budget"),
+    # Bounded by --context-length: above it every page is attended anyway, and the buffers sized for nothing.
+    (["--context-length", "4100", "--locks-token-budget", str(2**40)],
+     r"--locks-token-budget must be a multiple of 16 in \[48, 4096\] \(up to the context length 4100;"),
+    (["--context-length", "4096", "--locks-token-budget", "4112"], r"--locks-token-budget must be a multiple of 16 in"),
+    (["--context-length", "32"], r"the context length 32 is below the smallest --locks-token-budget, "
+                                 r"\(--locks-sink-pages \+ --locks-local-pages \+ 1\) \* page_size = 48"),
+    (["--context-length", "4096", "--locks-token-budget", "512", "--locks-prefilter", str(10**9)],
+     r"--locks-prefilter must be in \[0, 8\] \(--locks-prefilter \* --locks-token-budget / page_size candidate "
+     r"pages, at most the 256 pages of the context length 4096\), got 1000000000"),
 ])
 def test_invalid_values_name_the_flag_and_range(flags, message):
     with pytest.raises(ValueError, match=message):
         parse("--enable-locks", *flags)
+
+
+def test_budget_and_prefilter_up_to_the_context_length_accepted():
+    cfg = parse("--enable-locks", "--context-length", "4096", "--locks-token-budget", "4096").locks_config
+    assert cfg.token_budget == 4096
+    cfg = parse("--enable-locks", "--context-length", "4096", "--locks-token-budget", "512",
+                "--locks-prefilter", "8").locks_config
+    assert cfg.candidate_pages == 256
 
 
 def test_bad_precision_rejected_by_the_parser(capsys):
@@ -96,14 +145,20 @@ def test_bad_precision_rejected_by_the_parser(capsys):
     (["--enable-pdmux"], "--enable-pdmux"),
     (["--enable-two-batch-overlap", "--enable-dp-attention", "--tp-size", "2", "--dp-size", "2"],
      "--enable-two-batch-overlap"),
+    (["--pp-size", "2"], "--pp-size 2"),
+    (["--dtype", "float16", "--kv-cache-dtype", "bf16"], r"--dtype float16 with --kv-cache-dtype bf16: queries and "
+                                                         r"KV cache must share one dtype \(bf16 or fp16\)"),
+    (["--dtype", "half", "--kv-cache-dtype", "bfloat16"], "--dtype half with --kv-cache-dtype bfloat16"),
+    (["--dtype", "float32"], "--dtype float32: LOCKS's kernels take bf16 or fp16 queries"),
+    (["--dtype", "float", "--kv-cache-dtype", "bf16"], "--dtype float:"),
 ])
 def test_unsupported_combinations_fail_naming_the_flag(flags, named):
     with pytest.raises(ValueError, match=f"--enable-locks does not support {named}"):
         parse("--enable-locks", *flags)
 
 
-def _load_time_reason(monkeypatch, q_heads=32, kv_heads=8, tp=1, head_dim=128, **runner_fields):
-    """The backend's load-time check (attention_backend._unsupported) on a stand-in model runner."""
+def _stand_in_runner(monkeypatch, q_heads=32, kv_heads=8, tp=1, head_dim=128, context_len=4096, **runner_fields):
+    """A model runner as far as the attention backend's load-time checks read it."""
     from types import SimpleNamespace
 
     import torch
@@ -113,10 +168,17 @@ def _load_time_reason(monkeypatch, q_heads=32, kv_heads=8, tp=1, head_dim=128, *
 
     monkeypatch.setattr(ab, "get_parallel", lambda: SimpleNamespace(attn_tp_size=tp))
     mc = SimpleNamespace(num_attention_heads=q_heads, get_num_kv_heads=lambda t: max(1, kv_heads // t),
-                         head_dim=head_dim, is_encoder_decoder=False)
-    runner = SimpleNamespace(model_config=mc, use_mla_backend=False, sliding_window_size=None,
-                             kv_cache_dtype=torch.bfloat16, **runner_fields)
-    return ab._unsupported(runner)
+                         head_dim=head_dim, is_encoder_decoder=False, context_len=context_len)
+    fields = dict(model_config=mc, use_mla_backend=False, sliding_window_size=None, dtype=torch.bfloat16,
+                  kv_cache_dtype=torch.bfloat16)
+    return SimpleNamespace(**{**fields, **runner_fields})
+
+
+def _load_time_reason(monkeypatch, q_heads=32, kv_heads=8, tp=1, head_dim=128, **runner_fields):
+    """The backend's load-time check (attention_backend._unsupported) on a stand-in model runner."""
+    from sglang_locks.plugin import attention_backend as ab
+
+    return ab._unsupported(_stand_in_runner(monkeypatch, q_heads, kv_heads, tp, head_dim, **runner_fields))
 
 
 @pytest.mark.parametrize("q_heads, kv_heads, tp, head_dim, why", [
@@ -145,6 +207,66 @@ def test_kv_pools_not_token_major_are_rejected_at_load(layout, why, monkeypatch)
 
     got = _load_time_reason(monkeypatch, token_to_kv_pool=SimpleNamespace(kv_cache_layout=layout))
     assert got == why if why is None else got.startswith(why)
+
+
+@pytest.mark.parametrize("q_dtype, kv_dtype, why", [
+    ("bfloat16", "bfloat16", None),
+    ("float16", "float16", None),
+    # --dtype auto on an fp16 model with --kv-cache-dtype bf16, which the flags alone cannot tell.
+    ("float16", "bfloat16", "torch.float16 queries on a torch.bfloat16 KV cache (--dtype and --kv-cache-dtype must "
+                            "give one dtype, bf16 or fp16)"),
+    ("bfloat16", "float16", "torch.bfloat16 queries on a torch.float16 KV cache"),
+])
+def test_query_and_kv_dtypes_that_differ_are_rejected_at_load(q_dtype, kv_dtype, why, monkeypatch):
+    import torch
+
+    got = _load_time_reason(monkeypatch, dtype=getattr(torch, q_dtype), kv_cache_dtype=getattr(torch, kv_dtype))
+    assert got == why if why is None else got.startswith(why)
+
+
+def _start_backend(monkeypatch, config, layers=2, context_len=4096):
+    """LocksFlashInferAttnBackend on a stand-in runner of `layers` attention layers: its checks of the flags against
+    the model run before FlashInfer's own set-up, which needs a GPU (and fails on the stand-in)."""
+    import torch
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    runner = _stand_in_runner(monkeypatch, context_len=context_len, init_new_workspace=False)
+    runner.model = torch.nn.ModuleList(RadixAttention(32, 128, 128**-0.5, 8, layer_id=l) for l in range(layers))
+    from sglang_locks.plugin.attention_backend import LocksFlashInferAttnBackend
+
+    return LocksFlashInferAttnBackend(runner, config)
+
+
+@pytest.mark.parametrize("config, message", [
+    # Without --context-length only the model's context length bounds the budget and the prefilter.
+    (LocksConfig(token_budget=2**40), r"--enable-locks: --locks-token-budget must be a multiple of 16 in "
+                                      r"\[48, 4096\] \(up to the context length 4096;"),
+    (LocksConfig(token_budget=512, prefilter=9), r"--enable-locks: --locks-prefilter must be in \[0, 8\]"),
+    (LocksConfig(dense_layers=(0, 1)), r"--locks-dense-layers lists every attention layer \(0\.\.1\); drop "
+                                       r"--enable-locks to decode densely"),
+    (LocksConfig(dense_layers=(2,)), r"--locks-dense-layers: no attention layer \[2\] \(layers 0\.\.1\)"),
+])
+def test_flags_the_model_bounds_are_rejected_at_load(config, message, monkeypatch):
+    with pytest.raises(ValueError, match=message):
+        _start_backend(monkeypatch, config)
+
+
+def test_flags_within_the_model_pass_the_load_checks(monkeypatch):
+    """Flags the model allows get past the checks, as far as FlashInfer's set-up (which the stand-in fails)."""
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    reached = []
+
+    def stock_init(self, runner, **kwargs):
+        reached.append(runner)
+        raise RuntimeError("FlashInfer's set-up")
+
+    monkeypatch.setattr(FlashInferAttnBackend, "__init__", stock_init)
+    with pytest.raises(RuntimeError, match="FlashInfer's set-up"):
+        _start_backend(monkeypatch, LocksConfig(token_budget=4096, dense_layers=(1,)))
+    with pytest.raises(RuntimeError, match="FlashInfer's set-up"):
+        _start_backend(monkeypatch, LocksConfig(token_budget=512, prefilter=8))
+    assert len(reached) == 2
 
 
 def test_explicit_page_size_16_and_flashinfer_accepted():

@@ -22,6 +22,8 @@ HOOKS = (
     (f"{ALLOCATOR}.clear", summary_store.on_allocator_clear, "AFTER"),
     ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
      memory.add_summary_bytes, "AFTER"),
+    ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+     memory.reserve_decoder_bytes, "AFTER"),
     ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", counters.count_reused_pages, "AROUND"),
     ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", counters.add_locks_state, "AFTER"),
     (f"{DECODE_GRAPHS}.capture_one_shape", graph_variants.capture_each_variant, "AROUND"),

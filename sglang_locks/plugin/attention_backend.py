@@ -33,6 +33,7 @@ from ..kernels.selected_indices import SelectionState
 from ..kernels.score_pages import MAX_GROUP
 from ..scoring import candidate_buffer
 from .graph_variants import DENSE, LOCKS, default_min_step_tokens, step_variant
+from .server_args import check_context_len
 from .summary_store import SealedPages, SummaryStore, attach_store, store_for_pool
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ def _unsupported(runner) -> Optional[str]:
         return "encoder-decoder models"
     if runner.kv_cache_dtype not in (torch.bfloat16, torch.float16):
         return f"KV cache dtype {runner.kv_cache_dtype} (bf16/fp16 only)"
+    if runner.dtype != runner.kv_cache_dtype:
+        return (f"{runner.dtype} queries on a {runner.kv_cache_dtype} KV cache (--dtype and --kv-cache-dtype must "
+                "give one dtype, bf16 or fp16)")
     layout = getattr(getattr(runner, "token_to_kv_pool", None), "kv_cache_layout", "nhd")
     if layout != "nhd":  # the kernels read token-major [slots, H_kv, d] buffers
         return f"KV cache layout {layout} (token-major nhd only; unset SGLANG_USE_HND_KVCACHE)"
@@ -75,8 +79,22 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         why = _unsupported(runner)
         if why:
             raise ValueError(f"--enable-locks does not support {why}")
+        # The flags the model bounds, refused before any buffer is sized by them.
+        check_context_len(config, runner.model_config.context_len)
+        layers = _attention_layers(runner.model)
+        bad = [l for l in config.dense_layers if l not in layers]
+        if bad:
+            raise ValueError(f"--locks-dense-layers: no attention layer {bad} (layers 0..{max(layers)})")
+        locks_layers = [l for l in sorted(layers) if l not in config.dense_layers]
+        if not locks_layers:
+            raise ValueError(f"--locks-dense-layers lists every attention layer (0..{max(layers)}); "
+                             "drop --enable-locks to decode densely")
+        scalings = {layers[l].scaling for l in locks_layers}
+        if len(scalings) > 1 or any(layers[l].logit_cap for l in locks_layers):
+            raise ValueError("--enable-locks needs one softmax scale and no logit soft-capping across layers")
         super().__init__(runner, init_new_workspace=runner.init_new_workspace, **kwargs)
         self.config = config
+        self.sm_scale = scalings.pop()
         tp = get_parallel().attn_tp_size
         mc = runner.model_config
         self.num_qo_heads = mc.num_attention_heads // tp
@@ -84,15 +102,6 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.head_dim = mc.head_dim
         self.q_dtype, self.kv_dtype = runner.dtype, runner.kv_cache_dtype
         self.static_max_pages = -(-self.max_context_len // PAGE_SIZE)
-        layers = _attention_layers(runner.model)
-        bad = [l for l in config.dense_layers if l not in layers]
-        if bad:
-            raise ValueError(f"--locks-dense-layers: no attention layer {bad} (layers 0..{max(layers)})")
-        locks_layers = [l for l in sorted(layers) if l not in config.dense_layers]
-        scalings = {layers[l].scaling for l in locks_layers}
-        if len(scalings) > 1 or any(layers[l].logit_cap for l in locks_layers):
-            raise ValueError("--enable-locks needs one softmax scale and no logit soft-capping across layers")
-        self.sm_scale = scalings.pop() if scalings else self.head_dim**-0.5
         self.store = self._store_for(runner, locks_layers)
         # The decode step's keys and values go into the cache inside the selection launch (CacheWrite), not by a
         # store launch of their own, where that is a plain copy.

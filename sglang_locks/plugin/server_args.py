@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import os
 import re
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..config import PAGE_SIZE, SPARSE_DECODE_KERNELS, SUMMARY_PRECISIONS, LocksConfig
 
@@ -36,6 +36,9 @@ FLAGS = {
 }
 # SGLang: the KV cache must hold what the summaries and FlashInfer sparse decode read as is.
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
+# --dtype and --kv-cache-dtype values -> the torch dtype they give (absent: auto, the model's).
+DTYPES = {"half": "float16", "float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float": "float32", "float32": "float32"}
 
 
 def _dense_layers(text: str) -> Tuple[int, ...]:
@@ -50,7 +53,8 @@ def add_locks_args(_result, parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-locks", action="store_true",
                    help="Decode through LOCKS sparse attention (forces --attention-backend flashinfer, --page-size 16).")
     g.add_argument("--locks-token-budget", type=int, default=_DEFAULTS.token_budget,
-                   help="Sealed-page tokens attended per request and KV head (multiple of 16).")
+                   help="Sealed-page tokens attended per request and KV head: a multiple of 16 in "
+                        "[(sink pages + local pages + 1) * 16, context length].")
     g.add_argument("--locks-rank", type=int, default=_DEFAULTS.rank, help="Rank of each page's key basis, 1..16.")
     g.add_argument("--locks-sink-pages", type=int, default=_DEFAULTS.sink_pages,
                    help="First pages always attended.")
@@ -65,7 +69,7 @@ def add_locks_args(_result, parser: argparse.ArgumentParser) -> None:
                         "(default: 262144 / KV heads per GPU, where LOCKS stops paying off; 0: never).")
     g.add_argument("--locks-prefilter", type=int, default=_DEFAULTS.prefilter,
                    help="Score every page by its centroid first and only the best PREFILTER x budget pages of each "
-                        "request and KV head in full (0: every page in full).")
+                        "request and KV head in full (0: every page in full; at most context length / budget).")
     g.add_argument("--locks-prefilter-rank", type=int, default=_DEFAULTS.prefilter_rank,
                    help="Ranks of each page's summary in the prefilter's estimate, 0..--locks-rank (0: centroid only).")
     g.add_argument("--locks-sparse-decode", choices=SPARSE_DECODE_KERNELS, default=_DEFAULTS.sparse_decode,
@@ -80,10 +84,41 @@ def _flag_error(message: str) -> ValueError:
     return ValueError(f"--enable-locks: {message}")
 
 
+def check_context_len(config: LocksConfig, context_len: int) -> None:
+    """LocksConfig.check_context_len, its ValueError naming the flags."""
+    try:
+        config.check_context_len(context_len)
+    except ValueError as e:
+        raise _flag_error(str(e)) from None
+
+
+def _given_flags(ns: argparse.Namespace) -> List[str]:
+    """The --locks-* flags whose parsed values differ from add_locks_args's defaults."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_locks_args(None, parser)
+    defaults = vars(parser.parse_args([]))
+    return ["--" + dest.replace("_", "-") for dest, default in defaults.items()
+            if dest.startswith("locks_") and getattr(ns, dest, default) != default]
+
+
+def _warn_unused(ns: argparse.Namespace) -> None:
+    given = _given_flags(ns)
+    if not getattr(ns, "enable_locks", False):
+        if given:
+            logger.warning("%s: no effect without --enable-locks", ", ".join(given))
+    elif "--locks-prefilter-rank" in given and ns.locks_prefilter == 0:
+        logger.warning("--locks-prefilter-rank %d: no effect without --locks-prefilter (0: every page is scored "
+                       "in full)", ns.locks_prefilter_rank)
+
+
 def locks_config_from_args(ns: argparse.Namespace) -> Optional[LocksConfig]:
     """The validated LocksConfig of parsed flags, None without --enable-locks. ValueError names the flag."""
+    _warn_unused(ns)
     if not getattr(ns, "enable_locks", False):
         return None
+    if ns.locks_local_pages < 1:
+        # A page sealed by a decode step is summarised at the next forward; until then it must be forced in.
+        raise _flag_error(f"local_pages must be >= 1, got {ns.locks_local_pages}")
     min_context = ns.locks_min_context if ns.locks_min_context is not None else ns.locks_token_budget
     try:
         config = LocksConfig(rank=ns.locks_rank, token_budget=ns.locks_token_budget, sink_pages=ns.locks_sink_pages,
@@ -93,9 +128,8 @@ def locks_config_from_args(ns: argparse.Namespace) -> Optional[LocksConfig]:
                              prefilter_rank=ns.locks_prefilter_rank, sparse_decode=ns.locks_sparse_decode)
     except ValueError as e:
         raise _flag_error(str(e)) from None
-    if config.local_pages < 1:
-        # A page sealed by a decode step is summarised at the next forward; until then it must be forced in.
-        raise _flag_error(f"local_pages must be >= 1, got {config.local_pages}")
+    if ns.context_length is not None:  # else the attention backend checks the model's at load
+        check_context_len(config, ns.context_length)
     if config.min_context > config.token_budget and config.dense_layers:
         raise _flag_error("min_context above token_budget cannot be combined with dense_layers "
                           "(both need FlashInfer's own decode plan, with different lengths)")
@@ -115,6 +149,16 @@ def _reject_unsupported(ns: argparse.Namespace) -> None:
             fail(f"--{flag.replace('_', '-')} {value}", "LOCKS runs on the flashinfer backend")
     if ns.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
         fail(f"--kv-cache-dtype {ns.kv_cache_dtype}", f"supported: {', '.join(SUPPORTED_KV_CACHE_DTYPES)}")
+    q_dtype = DTYPES.get(ns.dtype)
+    if q_dtype == "float32":
+        fail(f"--dtype {ns.dtype}", "LOCKS's kernels take bf16 or fp16 queries")
+    kv_dtype = DTYPES.get(ns.kv_cache_dtype, q_dtype)
+    if q_dtype is not None and kv_dtype != q_dtype:  # with --dtype auto the attention backend checks at load
+        fail(f"--dtype {ns.dtype} with --kv-cache-dtype {ns.kv_cache_dtype}",
+             "queries and KV cache must share one dtype (bf16 or fp16)")
+    if ns.pp_size > 1:
+        fail(f"--pp-size {ns.pp_size}", "not run with pipeline stages, each of which holds a slice of the layers "
+             "(the attention backend checks --locks-dense-layers against its stage's own)")
     if ns.speculative_algorithm:
         fail("--speculative-algorithm", "verify steps move KV between pages")
     if ns.enable_hierarchical_cache:
