@@ -1,0 +1,576 @@
+r"""Attention step of all layers for decode batches sharing one prefix (own lengths differing, seeded): stock
+FlashInfer tensor-core decode over each request's whole page table (page size 16), FlashInfer's
+MultiLevelCascadeAttentionWrapper (shared pages once + own pages; FA2 and FA3 levels) and LOCKS (LocksDecode; the
+requests' tables point at the same physical pages, so one set of summaries serves all). Each step is one CUDA
+graph, the modes alternated; rows add each mode's analytic bytes, the copy-bandwidth floor and the overlap of the
+requests' selected pages. On the H200, from the repository root (the last two: the scoring's DRAM bytes):
+    source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz
+    python3 -m pip install -q --no-deps --no-build-isolation -e .
+    GIT_REV=$(git rev-parse --short HEAD) python3 benchmarks/attention_shared_prefix.py --out $OUT/asp.json
+    ncu --clock-control none --metrics dram__bytes_read.sum --kernel-name regex:_score_pages --launch-count 1 \
+        --csv --page raw --print-units base \
+        python3 benchmarks/attention_shared_prefix.py --profile-scoring --case llama3.1-8b:32:96K:4K > $OUT/ncu.csv
+    python3 benchmarks/attention_shared_prefix.py --out $OUT/asp.json --ncu-csv $OUT/ncu.csv \
+        --case llama3.1-8b:32:96K:4K
+(--out defaults to benchmarks/results/attention_shared_prefix.json; $OUT is the device's folder that comes back.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from typing import List
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention_decode import GIB, SHAPES, copy_bandwidth_gbs, median_ms, random_summaries  # noqa: E402
+
+from sglang_locks.config import PAGE_SIZE, LocksConfig  # noqa: E402
+from sglang_locks.selection import pages_per_request, selected_lengths  # noqa: E402
+from sglang_locks.summaries import PageSummaries  # noqa: E402
+
+DEFAULT_CASES = ("llama3.1-8b:32:96K:4K", "llama3.1-8b:16:96K:4K", "llama3.1-8b:8:96K:4K", "llama3.1-8b:32:32K:4K",
+                 "glm4-9b-1m:32:96K:4K")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "attention_shared_prefix.json")
+CASCADE_BACKENDS = ("fa2", "fa3")
+NCU_METRIC = "dram__bytes_read.sum"
+NCU_BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+                  "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+# ---------------------------------------------------------------------------------------------- cases (CPU)
+@dataclasses.dataclass(frozen=True)
+class Case:
+    shape: str
+    requests: int
+    shared_tokens: int
+    own_tokens: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.shape}:{self.requests}:{self.shared_tokens}:{self.own_tokens}"
+
+
+def parse_tokens(text: str, field: str) -> int:
+    """'4096', '96K' or '96k' (x 1024) -> tokens."""
+    m = re.fullmatch(r"(\d+)([kK]?)", text.strip())
+    if not m:
+        raise ValueError(f"--case field {field} must be a token count such as 4096 or 96K, got {text!r}")
+    return int(m.group(1)) * (1024 if m.group(2) else 1)
+
+
+def parse_case(text: str) -> Case:
+    """'shape:requests:shared_tokens:own_tokens', e.g. 'llama3.1-8b:32:96K:4K'."""
+    parts = text.split(":")
+    if len(parts) != 4:
+        raise ValueError(f"--case must be shape:requests:shared_tokens:own_tokens, got {text!r}")
+    shape, requests, shared, own = parts
+    if shape not in SHAPES:
+        raise ValueError(f"--case shape must be one of {sorted(SHAPES)}, got {shape!r}")
+    if not requests.isdigit() or int(requests) < 1:
+        raise ValueError(f"--case requests must be an integer >= 1, got {requests!r}")
+    case = Case(shape, int(requests), parse_tokens(shared, "shared_tokens"), parse_tokens(own, "own_tokens"))
+    if case.shared_tokens < PAGE_SIZE:
+        raise ValueError(f"--case shared_tokens must be >= {PAGE_SIZE} (one shared page), got {case.shared_tokens}")
+    if case.own_tokens < 1:
+        raise ValueError(f"--case own_tokens must be >= 1, got {case.own_tokens}")
+    return case
+
+
+def own_lengths(own_tokens: int, requests: int, spread: int, seed: int) -> List[int]:
+    """Each request's own tokens: own_tokens + a seeded uniform integer in [-spread, spread]."""
+    if not 0 <= spread < own_tokens:
+        raise ValueError(f"--own-spread must be in [0, own_tokens - 1 = {own_tokens - 1}], got {spread}")
+    rng = random.Random(seed)
+    return [own_tokens + rng.randint(-spread, spread) for _ in range(requests)]
+
+
+# ---------------------------------------------------------------------------------------------- page tables (CPU)
+@dataclasses.dataclass
+class SharedPrefixBatch:
+    """Requests' 16-token pages in one KV pool (physical page p holds slots 16p..16p+15; page 0 unused, as in
+    SGLang). The first shared_pages of every request are the same physical pages; the rest are its own."""
+
+    shared_pages: List[int]
+    request_pages: List[List[int]]  # each request's pages in logical order, the shared ones first
+    seq_lens: List[int]
+    num_pages: int  # pages in the pool, page 0 included
+
+    @property
+    def requests(self) -> int:
+        return len(self.seq_lens)
+
+    def last_page_lens(self) -> List[int]:
+        return [n - PAGE_SIZE * (len(p) - 1) for n, p in zip(self.seq_lens, self.request_pages)]
+
+    def req_to_token(self) -> torch.Tensor:
+        """[requests, longest] int32 token slots (SGLang's req_to_token; zero past a request's length)."""
+        out = torch.zeros(self.requests, max(self.seq_lens), dtype=torch.int32)
+        for b, (pages, n) in enumerate(zip(self.request_pages, self.seq_lens)):
+            slots = torch.tensor(pages, dtype=torch.int32)[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE)
+            out[b, :n] = slots.reshape(-1)[:n]
+        return out
+
+    def stock_tables(self):
+        """FlashInfer page table of each request's whole context: (indptr, indices, last_page_len), int32."""
+        indptr = _indptr([len(p) for p in self.request_pages])
+        indices = torch.tensor([p for pages in self.request_pages for p in pages], dtype=torch.int32)
+        return indptr, indices, torch.tensor(self.last_page_lens(), dtype=torch.int32)
+
+    def cascade_tables(self):
+        """MultiLevelCascadeAttentionWrapper's per-level (qo_indptr, kv_indptr, kv_indices, last_page_len) lists:
+        level 0 all queries against the shared pages, level 1 each query against its own pages."""
+        s, bsz = len(self.shared_pages), self.requests
+        own = [pages[s:] for pages in self.request_pages]
+        qo = [torch.tensor([0, bsz], dtype=torch.int32), torch.arange(bsz + 1, dtype=torch.int32)]
+        kv_indptr = [_indptr([s]), _indptr([len(p) for p in own])]
+        kv_indices = [torch.tensor(self.shared_pages, dtype=torch.int32),
+                      torch.tensor([p for pages in own for p in pages], dtype=torch.int32)]
+        last = [torch.tensor([PAGE_SIZE], dtype=torch.int32), torch.tensor(self.last_page_lens(), dtype=torch.int32)]
+        return qo, kv_indptr, kv_indices, last
+
+
+def _indptr(counts: List[int]) -> torch.Tensor:
+    return torch.tensor([0] + counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+def shared_prefix_batch(shared_tokens: int, own_lens: List[int]) -> SharedPrefixBatch:
+    """The shared prefix's full pages are shared; a partial last page of it is, as with SGLang's radix cache at
+    page size 16, each request's own (its tokens then start the request's own pages)."""
+    shared = list(range(1, shared_tokens // PAGE_SIZE + 1))
+    rest = shared_tokens % PAGE_SIZE
+    next_page, request_pages = len(shared) + 1, []
+    for own in own_lens:
+        n_own = -(-(rest + own) // PAGE_SIZE)
+        request_pages.append(shared + list(range(next_page, next_page + n_own)))
+        next_page += n_own
+    return SharedPrefixBatch(shared, request_pages, [shared_tokens + n for n in own_lens], next_page)
+
+
+# ---------------------------------------------------------------------------------------------- bytes (CPU)
+def summary_bytes_per_page_head(head_dim: int, config: LocksConfig) -> int:
+    return PageSummaries.allocate(1, 1, head_dim, config.rank, config.summary_precision).bytes_per_page_per_head()
+
+
+def step_bytes(shape: str, batch: SharedPrefixBatch, config: LocksConfig) -> dict:
+    """Bytes each mode must read in one decode step of all layers (bf16 KV).
+
+    stock: every request's K+V; cascade: the shared pages' K+V once + each request's own; locks: every sealed
+    page's summary per (request, KV head) as today's score kernel requests them, or (summary_bytes_once) the
+    shared pages' once + the own pages', plus page ids, the selected pages' K+V and their page entries (written
+    by the selection, read by the sparse decode). score_intermediates (scores and keys written and read back)
+    are reported but left out of the totals, as attention_decode.py does."""
+    layers, hkv, hq, d = SHAPES[shape]
+    kv_token = hkv * d * 2 * 2
+    shared_tokens = len(batch.shared_pages) * PAGE_SIZE
+    own_tokens = sum(batch.seq_lens) - batch.requests * shared_tokens
+    sealed = sum(n // PAGE_SIZE for n in batch.seq_lens)
+    sealed_once = sealed - (batch.requests - 1) * len(batch.shared_pages)
+    per_summary = summary_bytes_per_page_head(d, config)
+    selected_tokens = int(selected_lengths(torch.tensor(batch.seq_lens), hkv, config.budget_pages).sum())
+    entries = hkv * sum(pages_per_request(batch.seq_lens, config.budget_pages))
+    parts = {
+        "summaries": layers * hkv * sealed * per_summary,
+        "summaries_once": layers * hkv * sealed_once * per_summary,
+        "page_ids": layers * sealed * 4,
+        "selected_kv": layers * selected_tokens * d * 2 * 2,
+        "entries": layers * entries * 4 * 2,
+        "score_intermediates": layers * sealed * 4 * (2 * hq + 2 * hkv),
+    }
+    common = parts["page_ids"] + parts["selected_kv"] + parts["entries"]
+    return {
+        "stock": layers * sum(batch.seq_lens) * kv_token,
+        "cascade": layers * (shared_tokens + own_tokens) * kv_token,
+        "locks": parts["summaries"] + common,
+        "locks_once": parts["summaries_once"] + common,
+        "locks_parts": parts,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- overlap (CPU)
+def selection_overlap(indptr: torch.Tensor, indices: torch.Tensor, num_kv_heads: int, shared_pages) -> dict:
+    """How much one layer's selected pages (rows request * H_kv + head; entry slot * H_kv + head, slot the page's
+    first token, as selected_indices writes them) lie in the shared prefix, and how many distinct shared pages
+    the requests select per KV head against the sum over requests: what attending each selected shared page
+    once per step would save."""
+    indptr, indices = indptr.long().cpu(), indices.long().cpu()
+    rows = indptr.numel() - 1
+    row_of = torch.repeat_interleave(torch.arange(rows), indptr[1:] - indptr[:-1])
+    head = indices % num_kv_heads
+    if not torch.equal(head, row_of % num_kv_heads):
+        raise ValueError("selected page entries of a row hold another KV head than the row's")
+    page = indices // num_kv_heads // PAGE_SIZE
+    shared = torch.isin(page, torch.as_tensor(list(shared_pages), dtype=torch.long))
+    total, in_shared = indices.numel(), int(shared.sum())
+    distinct = sum(int(torch.unique(page[shared & (head == h)]).numel()) for h in range(num_kv_heads))
+    return {
+        "selected_pages": total,
+        "selected_shared_pages": in_shared,
+        "shared_fraction": in_shared / max(total, 1),
+        "distinct_shared_pages": distinct,
+        "shared_once_fraction": distinct / max(in_shared, 1),  # distinct / sum over requests
+        "selected_kv_saved_fraction": (in_shared - distinct) / max(total, 1),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- ncu (CPU)
+def parse_ncu_csv(text: str, kernel_regex: str = "score"):
+    """(dram__bytes_read.sum summed over the launches of kernels matching kernel_regex, launches) from ncu's
+    `--csv --page raw` output (other lines, such as ==PROF== messages, are skipped; a units row scales values)."""
+    rows = list(csv.reader(text.splitlines()))
+    at = next((i for i, r in enumerate(rows) if "Kernel Name" in r and NCU_METRIC in r), None)
+    if at is None:
+        raise ValueError(f"--ncu-csv holds no table with a {NCU_METRIC} column (ncu --metrics {NCU_METRIC} "
+                         f"--csv --page raw)")
+    header = rows[at]
+    name, col = header.index("Kernel Name"), header.index(NCU_METRIC)
+    scale, total, launches = 1.0, 0.0, 0
+    for r in rows[at + 1:]:
+        if len(r) != len(header):
+            continue
+        value = r[col].replace(",", "").strip()
+        if value in NCU_BYTE_UNITS:
+            scale = NCU_BYTE_UNITS[value]
+            continue
+        if not re.search(kernel_regex, r[name]):
+            continue
+        try:
+            total += float(value) * scale
+        except ValueError:
+            raise ValueError(f"--ncu-csv: {NCU_METRIC} of {r[name]} is {r[col]!r}, not a number of "
+                             f"{sorted(NCU_BYTE_UNITS)}") from None
+        launches += 1
+    if not launches:
+        raise ValueError(f"--ncu-csv holds no launch of a kernel matching {kernel_regex!r}")
+    return total, launches
+
+
+def merge_scoring_dram(results: dict, case: Case, own_spread: int, seed: int, dram_bytes: float,
+                       launches: int) -> dict:
+    """Write the scoring's DRAM bytes (the profiled launches' mean, one launch scoring one layer of the batch,
+    times the layers) into results' row of case; returns the row."""
+    rows = [r for r in results["rows"]
+            if r["case"] == case.key and r["own_spread"] == own_spread and r["seed"] == seed]
+    if len(rows) != 1:
+        have = sorted({(r["case"], r["own_spread"], r["seed"]) for r in results["rows"]})
+        raise ValueError(f"--case {case.key} with --own-spread {own_spread} --seed {seed} matches {len(rows)} "
+                         f"rows of --out; it holds (case, own_spread, seed) {have}")
+    row = rows[0]
+    per_layer = dram_bytes / launches
+    row.update({
+        "scoring_dram_bytes": per_layer * row["layers"],
+        "scoring_dram_bytes_per_layer": per_layer,
+        "scoring_dram_launches": launches,
+        "scoring_dram_vs_summary_once": per_layer * row["layers"] / row["summary_bytes_once"],
+        "scoring_dram_vs_summary_per_request": per_layer * row["layers"] / row["summary_bytes"],
+    })
+    return row
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+class DeviceInputs:
+    """A batch's KV pool and summaries on the GPU: as many distinct layers as the caps allow (each layer's
+    buffers far larger than L2, so cycling them still streams from HBM; rows record how many), random values
+    (timing does not depend on them), and the LOCKS tables."""
+
+    def __init__(self, shape: str, batch: SharedPrefixBatch, config: LocksConfig, kv_cap_gib: float,
+                 summary_cap_gib: float, device="cuda"):
+        self.device = device
+        self.layers, self.hkv, self.hq, self.d = SHAPES[shape]
+        slots = batch.num_pages * PAGE_SIZE
+        kv_layer = slots * self.hkv * self.d * 2 * 2
+        sum_layer = batch.num_pages * self.hkv * summary_bytes_per_page_head(self.d, config)
+        self.n_kv = max(1, min(self.layers, int(kv_cap_gib * GIB // kv_layer)))
+        self.n_sum = max(1, min(self.layers, int(summary_cap_gib * GIB // sum_layer)))
+        self.kv_pool_gib = self.n_kv * kv_layer / GIB
+
+        def cache():
+            return torch.empty(slots, self.hkv, self.d, device=device, dtype=torch.bfloat16).normal_()
+
+        self.ks = [cache() for _ in range(self.n_kv)]
+        self.vs = [cache() for _ in range(self.n_kv)]
+        self.sums = [random_summaries(batch.num_pages, self.hkv, self.d, config.rank) for _ in range(self.n_sum)]
+        self.seq_lens_cpu = torch.tensor(batch.seq_lens, dtype=torch.int32)
+        self.tables = (batch.req_to_token().to(device), torch.arange(batch.requests, dtype=torch.int32, device=device),
+                       self.seq_lens_cpu.to(device))
+        self.q = torch.randn(batch.requests, self.hq, self.d, device=device, dtype=torch.bfloat16)
+        self.sm_scale = self.d**-0.5
+
+    def paged(self, layer: int):
+        """Layer's (K, V) as FlashInfer NHD pages of 16 tokens."""
+        i = layer % self.n_kv
+        return self.ks[i].view(-1, PAGE_SIZE, self.hkv, self.d), self.vs[i].view(-1, PAGE_SIZE, self.hkv, self.d)
+
+    def locks(self, config: LocksConfig):
+        """A planned CUDA-graph LocksDecode and its step of all layers."""
+        from sglang_locks.decode import LocksDecode
+
+        workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=self.device)
+        dec = LocksDecode(config, workspace, self.hq, self.hkv, self.d, self.q.shape[0], use_cuda_graph=True)
+        dec.plan(self.seq_lens_cpu, torch.bfloat16, torch.bfloat16, self.sm_scale)
+
+        def step():
+            for layer in range(self.layers):
+                dec.run(self.q, self.ks[layer % self.n_kv], self.vs[layer % self.n_kv], self.sums[layer % self.n_sum],
+                        *self.tables)
+        return dec, step
+
+
+def stock_step(inputs: DeviceInputs, batch: SharedPrefixBatch):
+    """FlashInfer's tensor-core batch decode over each request's whole page table (faster than its CUDA-core
+    decode at every shape of results/attention_decode.json) and its step of all layers."""
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+    indptr, indices, last = batch.stock_tables()
+    w = BatchDecodeWithPagedKVCacheWrapper(
+        torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"), "NHD", use_cuda_graph=True, use_tensor_cores=True,
+        paged_kv_indptr_buffer=torch.empty_like(indptr, device="cuda"),
+        paged_kv_indices_buffer=torch.empty_like(indices, device="cuda"),
+        paged_kv_last_page_len_buffer=torch.empty_like(last, device="cuda"))
+    w.plan(indptr, indices, last, inputs.hq, inputs.hkv, inputs.d, PAGE_SIZE, q_data_type=torch.bfloat16,
+           kv_data_type=torch.bfloat16, sm_scale=inputs.sm_scale)
+    out = torch.empty_like(inputs.q)
+
+    def step():
+        for layer in range(inputs.layers):
+            w.run(inputs.q, inputs.paged(layer), out=out)
+    return w, step
+
+
+def cascade_step(inputs: DeviceInputs, batch: SharedPrefixBatch, backend: str):
+    """MultiLevelCascadeAttentionWrapper (2 levels) with its levels' prefill kernels of backend, and its step.
+    The wrapper takes no backend: its level wrappers' is set before plan. (FA3, which "auto" picks on the H200,
+    gives the shared level, one request of all the queries, one CTA per query head, each over the whole prefix;
+    FA2 splits the prefix's KV over CTAs. Both are measured.)"""
+    from flashinfer import MultiLevelCascadeAttentionWrapper
+
+    qo, kv_indptr, kv_indices, last = batch.cascade_tables()
+    on_gpu = [[torch.empty_like(t, device="cuda") for t in level] for level in (qo, kv_indptr, kv_indices, last)]
+    w = MultiLevelCascadeAttentionWrapper(2, torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"), "NHD",
+                                          use_cuda_graph=True, qo_indptr_buf_arr=on_gpu[0],
+                                          paged_kv_indptr_buf_arr=on_gpu[1], paged_kv_indices_buf_arr=on_gpu[2],
+                                          paged_kv_last_page_len_buf_arr=on_gpu[3])
+    for level in w._batch_prefill_wrappers:
+        level._backend = backend
+    w.plan(qo, kv_indptr, kv_indices, last, inputs.hq, inputs.hkv, inputs.d, PAGE_SIZE, causal=False,
+           sm_scale=inputs.sm_scale, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+
+    def step():
+        for layer in range(inputs.layers):
+            w.run(inputs.q, inputs.paged(layer))
+    return w, step
+
+
+def capture(step) -> torch.cuda.CUDAGraph:
+    step()  # compiles and warms up outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def alternate(graphs: dict, rounds: int, reps: int) -> dict:
+    """mode -> per-round medians (ms) of reps replays of its graph, the modes taking turns each round."""
+    times = {mode: [] for mode in graphs}
+    for _ in range(rounds):
+        for mode, graph in graphs.items():
+            times[mode].append(median_ms(graph.replay, reps))
+    return times
+
+
+def median(values):
+    return sorted(values)[len(values) // 2]
+
+
+def selected_entries(dec, inputs: DeviceInputs, batch: SharedPrefixBatch, q: torch.Tensor):
+    """(indptr, indices) on the CPU of layer 0's selection: LocksDecode.run leaves the rows' page entries in
+    dec.sparse (selected_indices writes them, the sparse decode reads them)."""
+    dec.run(q, inputs.ks[0], inputs.vs[0], inputs.sums[0], *inputs.tables)
+    rows = batch.requests * inputs.hkv
+    indptr = dec.sparse.indptr[: rows + 1].cpu()
+    return indptr, dec.sparse.indices[: int(indptr[-1])].cpu()
+
+
+def bench_case(case: Case, own_lens: List[int], config: LocksConfig, reps: int, rounds: int, kv_cap_gib: float,
+               summary_cap_gib: float) -> dict:
+    batch = shared_prefix_batch(case.shared_tokens, own_lens)
+    inputs = DeviceInputs(case.shape, batch, config, kv_cap_gib, summary_cap_gib)
+    graphs, cascades, errors = {}, {}, {}
+    stock, step = stock_step(inputs, batch)
+    graphs["stock"] = capture(step)
+    for backend in CASCADE_BACKENDS:
+        # A backend that fails to plan, JIT-compile (the merge kernel is not in the kit's cache) or run (capture's
+        # eager warm-up) this batch is recorded and the run goes on.
+        try:
+            w, step = cascade_step(inputs, batch, backend)
+            graphs[f"cascade_{backend}"] = capture(step)
+            cascades[backend] = w
+        except Exception as e:  # noqa: BLE001
+            errors[backend] = f"{type(e).__name__}: {e}"
+    dec, step = inputs.locks(config)
+    graphs["locks"] = capture(step)
+    times = alternate(graphs, rounds, reps)
+    del graphs
+    ms = {mode: median(t) for mode, t in times.items()}
+    cascade_ms = {b: ms[f"cascade_{b}"] for b in cascades}
+
+    # Stock and cascade attend the same pages: their outputs agree up to rounding (checks the cascade's tables).
+    ref = stock.run(inputs.q, inputs.paged(0)).float()
+    ref_max = ref.abs().max().item()
+    cascade_diff = {b: (w.run(inputs.q, inputs.paged(0)).float() - ref).abs().max().item() for b, w in cascades.items()}
+    # Random inputs: independent queries give the overlap of unrelated selections, one query repeated for every
+    # request about the most that sharing a prefix could give; real queries lie between.
+    overlap = {name: selection_overlap(*selected_entries(dec, inputs, batch, q), inputs.hkv, batch.shared_pages)
+               for name, q in (("independent_queries", inputs.q),
+                               ("identical_queries", inputs.q[:1].expand_as(inputs.q).contiguous()))}
+
+    nbytes = step_bytes(case.shape, batch, config)
+    best_cascade = min(cascade_ms.values()) if cascade_ms else None
+    return {
+        "case": case.key, "shape": case.shape, "layers": inputs.layers, "requests": case.requests,
+        "shared_tokens": case.shared_tokens, "shared_pages": len(batch.shared_pages),
+        "own_tokens": sum(own_lens) / len(own_lens), "own_tokens_list": own_lens,
+        "budget": config.token_budget, "page_size": PAGE_SIZE,
+        "stock_ms": ms["stock"], "cascade_ms": best_cascade, "cascade_ms_by_backend": cascade_ms,
+        "cascade_errors": errors, "locks_ms": ms["locks"], "ms_rounds": times,
+        "locks_vs_cascade": None if best_cascade is None else best_cascade / ms["locks"],
+        "locks_vs_stock": ms["stock"] / ms["locks"],
+        "bytes_stock": nbytes["stock"], "bytes_cascade": nbytes["cascade"], "bytes_locks": nbytes["locks"],
+        "bytes_locks_once": nbytes["locks_once"], "bytes_locks_parts": nbytes["locks_parts"],
+        "summary_bytes": nbytes["locks_parts"]["summaries"],
+        "summary_bytes_once": nbytes["locks_parts"]["summaries_once"],
+        "selected_kv_bytes": nbytes["locks_parts"]["selected_kv"],
+        "scoring_dram_bytes": None,  # from ncu: --profile-scoring, then --ncu-csv
+        "cascade_vs_stock_max_abs_diff": cascade_diff, "stock_max_abs_output": ref_max,
+        "selected_overlap_layer0": overlap,
+        "distinct_kv_layers": inputs.n_kv, "distinct_summary_layers": inputs.n_sum, "kv_pool_gib": inputs.kv_pool_gib,
+    }
+
+
+def add_floors(row: dict, copy_gbs: float) -> None:
+    """Each mode's bytes per measured time, against the copy bandwidth, and the time that bandwidth gives."""
+    for mode, bytes_key in (("stock", "bytes_stock"), ("cascade", "bytes_cascade"), ("locks", "bytes_locks")):
+        ms = row[f"{mode}_ms"]
+        row[f"floor_{mode}_ms"] = row[bytes_key] / copy_gbs / 1e6
+        row[f"{mode}_gbs"] = None if ms is None else row[bytes_key] / ms / 1e6
+        row[f"{mode}_copy_fraction"] = None if ms is None else row[f"{mode}_gbs"] / copy_gbs
+    row["floor_locks_once_ms"] = row["bytes_locks_once"] / copy_gbs / 1e6
+
+
+def profile_scoring(case: Case, own_lens: List[int], config: LocksConfig) -> None:
+    """One LOCKS step of all layers, eagerly, for ncu to profile its score launches (one distinct layer of KV and
+    summaries: ncu flushes the caches before each profiled launch)."""
+    batch = shared_prefix_batch(case.shared_tokens, own_lens)
+    inputs = DeviceInputs(case.shape, batch, config, kv_cap_gib=0, summary_cap_gib=0)
+    _, step = inputs.locks(config)
+    step()
+    torch.cuda.synchronize()
+    print(f"profiled one LOCKS step of {case.key} ({inputs.layers} score launches)", file=sys.stderr)
+
+
+def git_rev() -> str:
+    # GIT_REV first: the device machine's copy of the checkout can carry stale git metadata.
+    return os.environ.get("GIT_REV") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                       text=True).stdout.strip() or "unknown"
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=DEFAULT_OUT, help="result JSON (read and updated by --ncu-csv)")
+    ap.add_argument("--case", action="append", dest="cases",
+                    help=f"shape:requests:shared_tokens:own_tokens, repeatable (default: {' '.join(DEFAULT_CASES)}); "
+                         f"shapes {sorted(SHAPES)}; tokens like 4096 or 96K")
+    ap.add_argument("--own-spread", type=int, default=1000,
+                    help="each request's own tokens: own_tokens + a seeded uniform integer in [-spread, spread]")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget", type=int, default=2048, help="LOCKS token budget")
+    ap.add_argument("--reps", type=int, default=10, help="graph replays timed per mode and round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the modes taking turns")
+    ap.add_argument("--kv-cap-gib", type=float, default=48, help="KV of at most this many GiB (layers cycle past it)")
+    ap.add_argument("--summary-cap-gib", type=float, default=16)
+    ap.add_argument("--time-limit", type=float, default=200, help="seconds; later cases are skipped")
+    ap.add_argument("--profile-scoring", action="store_true",
+                    help="run one LOCKS step of the one --case eagerly (wrap in ncu; see above) and exit")
+    ap.add_argument("--ncu-csv", help="ncu --csv --page raw output of --profile-scoring: add its scoring DRAM bytes "
+                                      "to the --out row of the one --case, and exit")
+    ap.add_argument("--ncu-kernel-regex", default="score", help="kernels of --ncu-csv counted as the scoring")
+    args = ap.parse_args(argv)
+    try:
+        args.cases = [parse_case(c) for c in (args.cases or DEFAULT_CASES)]
+        if (args.profile_scoring or args.ncu_csv) and len(args.cases) != 1:
+            raise ValueError("--profile-scoring and --ncu-csv take exactly one --case")
+        for name in ("reps", "rounds"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+        args.own_lens = [own_lengths(c.own_tokens, c.requests, args.own_spread, args.seed) for c in args.cases]
+        try:
+            args.config = LocksConfig(token_budget=args.budget)
+        except ValueError as e:
+            raise ValueError(f"--budget: {e}") from None
+    except ValueError as e:
+        ap.error(str(e))
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.ncu_csv:
+        with open(args.out) as f:
+            results = json.load(f)
+        with open(args.ncu_csv) as f:
+            dram, launches = parse_ncu_csv(f.read(), args.ncu_kernel_regex)
+        row = merge_scoring_dram(results, args.cases[0], args.own_spread, args.seed, dram, launches)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"{row['case']}: scoring {row['scoring_dram_bytes'] / 1e9:.3f} GB DRAM a step, "
+              f"{row['scoring_dram_vs_summary_once']:.2f}x the summaries read once")
+        return
+    if args.profile_scoring:
+        profile_scoring(args.cases[0], args.own_lens[0], args.config)
+        return
+    import flashinfer
+
+    t0 = time.time()
+    header = {
+        "gpu": torch.cuda.get_device_name(), "git": git_rev(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python"] + sys.argv), "torch": torch.__version__, "flashinfer": flashinfer.__version__,
+        "copy_bandwidth_gbs": copy_bandwidth_gbs(),
+    }
+    rows, skipped = [], []
+    for case, own_lens in zip(args.cases, args.own_lens):
+        if time.time() - t0 > args.time_limit:
+            skipped.append(case.key)
+            continue
+        t_case = time.time()
+        row = bench_case(case, own_lens, args.config, args.reps, args.rounds, args.kv_cap_gib, args.summary_cap_gib)
+        torch.cuda.empty_cache()  # the case's buffers, freed on return
+        row.update(own_spread=args.own_spread, seed=args.seed)
+        add_floors(row, header["copy_bandwidth_gbs"])
+        rows.append(row)
+        ov = row["selected_overlap_layer0"]["independent_queries"]
+        print(f"{case.key}: stock {row['stock_ms']:.2f} ms, cascade {row['cascade_ms_by_backend']} ms, "
+              f"locks {row['locks_ms']:.2f} ms (locks {row['locks_vs_cascade'] or float('nan'):.2f}x cascade, "
+              f"{row['locks_vs_stock']:.1f}x stock); selected pages {ov['shared_fraction']:.0%} shared, "
+              f"{ov['shared_once_fraction']:.0%} distinct; {time.time() - t_case:.0f} s", flush=True)
+        with open(args.out, "w") as f:
+            json.dump({**header, "rows": rows, "skipped": skipped}, f, indent=1)
+    with open(args.out, "w") as f:
+        json.dump({**header, "rows": rows, "skipped": skipped}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
