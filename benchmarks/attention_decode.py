@@ -257,7 +257,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
 def score_launched_alone():
     """The score kernels without programmatic dependent launch: launched back to back, each layer's programs
     would start beside the last layer's, which the decode step, whose score kernel follows a short merge, does not
-    see (Llama-3.1-8B 128K bs=1: 0.667 against 0.574 ms a step, results/attention_decode_8b77a8e.json)."""
+    see (Llama-3.1-8B 128K bs=1: 0.667 against 0.574 ms a step, docs/performance.md)."""
     keep = os.environ.get(_triton.PDL_ENV)
     chain = _triton._dependent_kernels(keep or "1")
     os.environ[_triton.PDL_ENV] = ",".join(k for k in chain if not k.startswith("score")) or "0"

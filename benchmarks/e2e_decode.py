@@ -25,8 +25,8 @@ Four tools, all with dummy weights:
   of the step after it, every 16th step, which with blocks of 8 and the
   plan's contexts (multiples of 16) is always a LOCKS step: the medians skip
   those steps, but the LOCKS mean counts them twice as often as a LOCKS-only
-  process does. Measured on one H200 (session
-  23), both medians came within 1.2 % of ``synthetic``'s separate processes.
+  process does. Measured on one H200, both medians came within 1.2 % of
+  ``synthetic``'s separate processes (docs/performance.md).
 * ``bench_serving``: ``python -m sglang.bench_serving`` (random token ids,
   ``--max-concurrency`` = batch, one warm-up request) against
   ``sglang.launch_server``: what a user of the server sees, the overlap
@@ -83,7 +83,7 @@ PLAN = [
 ]
 OUTPUT_LEN = 32
 # interleaved: steps of one variant in a row. Alternating every step measured LOCKS's steps 3-10 % slower
-# than a LOCKS-only process on the same H200 (dense steps: within 3 % of FullKV's), session 23.
+# than a LOCKS-only process on the same H200 (dense steps: within 3 % of FullKV's).
 INTERLEAVE_BLOCK = 8
 SERVING_OUTPUT_LEN = 128  # tokens per request: inter-token latencies to take the median of
 SERVER_PORT = 30021

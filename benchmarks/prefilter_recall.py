@@ -1,6 +1,6 @@
 """Recall cost of the decode prefilter (--locks-prefilter F --locks-prefilter-rank R) on real text (CPU).
 
-    python benchmarks/prefilter_recall.py --context 65000 --out benchmarks/results/prefilter_recall_64k.json
+    python benchmarks/prefilter_recall.py --context 65000 --out benchmarks/results/prefilter_recall_65000.json
 
 The tiny LM (benchmarks/models/tiny-llama-pycode) reads one held-out document
 of --context tokens; per layer, the last --queries positions' queries meet the

@@ -9,7 +9,7 @@ GPU would run it (pointer arguments 16-byte aligned, as Triton specialises
 them at launch). Prints registers, shared memory, the static instruction
 count of the page loop's body (one warp, one block of pages) by opcode and by
 source line. The kernel is instruction-issue bound on the H200
-(results/ncu_score_glm_789492d.txt), so the loop's instruction count is a
+(docs/performance.md), so the loop's instruction count is a
 first check of a change before it is timed there. --module: another
 revision's score_pages.py (git show REV:kernels/score_pages.py > FILE). --gluon: the Gluon kernel
 the launcher uses on the GPU (score_pages_gluon, at G = 16 score_pages_gluon_heads; one warp, one step

@@ -15,11 +15,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 # (score_pages_gluon), "score_heads" its form for 16 query heads per KV head (score_pages_gluon_heads).
 PDL_ENV = "SGLANG_LOCKS_PDL"
 CHAIN_KERNELS = ("score", "score_heads", "select", "attend", "merge")
-# The sparse decode and its merge: 0.6-2.3 us a layer faster at every measured shape (H200, attention step of all
-# layers against no PDL in one process, results/pdl_ab_kernels_s20.json). The score kernel, which puts its first
-# summaries in flight before it waits: 0.5-1.3 us a layer at Llama-3.1-8B (results/score_early_ab_s25.json). The
-# selection's launch so was slower at Llama-3.1-8B bs=4/8 128K and the heads score kernel's at GLM-4-9B-1M 1M
-# (by 10-12 us a layer; see score_pages_gluon.launch_score_kernel).
+# Launched so by default where that measured faster on the H200: the score kernel, the sparse decode and its
+# merge; the selection and the heads score kernel measured slower (docs/performance.md).
 DEPENDENT_KERNELS = ("score", "attend", "merge")
 
 

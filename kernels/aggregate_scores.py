@@ -30,9 +30,8 @@ BLOCK_AGG = 1024  # pages per program
 HIST_BINS = tl.constexpr(256)
 # Selection keys: one byte, a page's share of its group's estimated mass over
 # [-KEY_RANGE, 0] nats in steps of 1/KEY_SCALE nats (6 % of mass). Pages within
-# one step of the k-th are interchangeable (the estimate errs by more); the
-# recall of the structured-key generator moves by <= 0.02 points against float
-# top-k at budgets 64-1024 tokens (benchmarks/selector_eval.py --key-rules).
+# one step of the k-th are interchangeable (the estimate errs by more; recall
+# against float top-k: docs/accuracy.md).
 # Shares below e^-16 (~1e-7) share key 0.
 KEY_RANGE = tl.constexpr(16.0)
 KEY_SCALE = tl.constexpr(16.0)

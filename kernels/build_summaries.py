@@ -12,9 +12,9 @@ Gauss-Jordan elimination) before their own quantisation. Rounding is half
 away from zero (torch rounds ties to even: a quantised value can differ by one
 step on an exact tie).
 
-Why: the torch path is ~50 small ops per call. A decode step that seals pages
-spent ~4 ms of host time in them (5-10 ms inside a server), every 16 tokens;
-this is one launch, and no host round trip.
+Why: the torch path is ~50 small ops per call, host time that a decode step
+sealing pages would pay every 16 tokens; this is one launch, and no host round
+trip.
 """
 
 from __future__ import annotations

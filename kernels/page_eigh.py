@@ -1,9 +1,9 @@
 """page_eigh: eigendecomposition of a batch of 16x16 symmetric matrices (the pages' Gram matrices).
 
 torch.linalg.eigh on CUDA reads cuSOLVER's error flags on the host: every call
-waits for the GPU. Summarising the pages a decode step sealed then stalls the
-pipeline (the scheduler's next batch waits for the current one's kernels) for
-10-20 ms every 16 tokens. This kernel needs no host round trip: cyclic
+waits for the GPU. Summarising the pages a decode step sealed would then stall
+the pipeline (the scheduler's next batch waits for the current one's kernels)
+every 16 tokens. This kernel needs no host round trip: cyclic
 two-sided Jacobi in float64 (as accurate as the float64 eigh it replaces; the
 Gram matrix squares the keys' condition number), one program per matrix.
 

@@ -10,17 +10,16 @@ Work per (page, KV head) on tensor cores, G query heads padded to 16 rows:
      BLOCK_P pages side by side (N = BLOCK_P * r): the dominant FLOPs.
   2. the per-key term sum_r (V q)_r c_ir as a batched dot over groups of
      16 // r pages, whose coefficients form a block-diagonal [16, 16*pages]
-     operand (K = 16 satisfies tl.dot without padding r). Measured on the H200
-     (benchmarks/results/score_sweep.json): doing this term on CUDA cores
-     instead (G*r*16 multiply-adds per page) was 1.4x slower at G=4 and 4-70x
-     at G=16 (Triton's layout conversions for the 4-D broadcast).
+     operand (K = 16 satisfies tl.dot without padding r). On CUDA cores
+     instead (G*r*16 multiply-adds per page) it measured slower: Triton's
+     layout conversions for the 4-D broadcast.
 
 int4 and int8 operands become exact fp16 integers with two or three integer
 instructions per four values (magic-number conversion: 0x64 in a half's high
 byte makes it 1024 + the low byte), instead of quarter-rate int-to-float
 conversions, which would cost more than reading the bytes (int_conversion="cast"
-keeps plain casts: 1.2-1.5x slower on the H200, so Triton does not keep the
-narrow bytes in shared memory for the dots either way). The padded query
+keeps plain casts, which measured slower: Triton does not keep the narrow
+bytes in shared memory for the dots either way). The padded query
 rows are zero, so summing the [16 // G, G] row blocks drops them before the
 exponentials; a G that is not a power of two (Qwen2.5-7B: 7, -14B: 5) is
 padded with zero query rows to the next one, whose scores are not stored.
@@ -389,10 +388,9 @@ def _score_pages_kernel(
 
 BLOCK_PAGES = 16
 MAX_GROUP = 16  # query heads per KV head: padded to a power of two, within one 16-row tile
-# (num_warps, num_stages, maxnreg; 0: the compiler's choice): the fastest of the H200 sweep
-# (benchmarks/score_sweep.py -> results/score_sweep.json) for integer dots at G = 4 (Llama 128K,
-# 28.6 us/layer vs 33.2 us uncapped) and G = 16 (GLM 1M, 71.7 vs 73.1 us); float summaries keep
-# the uncapped launch (the cap is untimed there).
+# (num_warps, num_stages, maxnreg; 0: the compiler's choice): the fastest of an H200 sweep
+# (benchmarks/score_sweep.py) for integer dots at G = 4 and G = 16; float summaries keep the
+# uncapped launch (the cap is untimed there).
 _INT8_LAUNCH = {16: (2, 2, 128), 32: (4, 2, 128)}  # by the dot's query rows: 2G padded to 16
 _FLOAT_LAUNCH = (2, 3, 0)
 
@@ -444,10 +442,7 @@ def pipeline_stages(summaries, block_pages: int, rank_p: int, num_stages: int, s
 
 # An estimate launch's (block_pages, num_warps, num_stages, maxnreg) by its ranks: its pages cost 132
 # (centroid) to 300 (rank 2) bytes each, not 804, so blocks of 16 would leave the loop's overhead per
-# page dominant. The fastest of the H200 sweeps (benchmarks/estimate_sweep.py, one layer, bs=1): centroid
-# 128 pages, 4 warps, 2 stages (Llama 128K 5.2 us, GLM 1M 11.1 us, against 6.7 / 12.8 us at 64 pages and 3
-# stages: results/estimate_sweep_a274bc1.log; the same order in estimate_sweep_74a2b4a.log, a trial whose
-# launch wrote one pooled score per page); rank 2 at 64 pages, 2 stages (GLM 1M 48.6 us; 87.9 us at 128).
+# page dominant. These were the fastest of H200 sweeps of one layer at bs=1.
 _CENTROID_ESTIMATE_LAUNCH = (128, 4, 2, 0)
 _RANKED_ESTIMATE_LAUNCH = (64, 4, 2, 0)
 
@@ -496,10 +491,10 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     buffers and the grid (n_chunks = max_pages / chunk_pages programs per row);
     each row's sealed pages are spread over all of its n_chunks (row_chunks).
     int_conversion: "int8" (integer dots against int8 planes of q, see
-    _int8_query_planes; on the H200 1.2x faster than ptx at G=4, 1.04x at
-    G=16), "ptx" (fp16 dots, int operands converted by PTX) or "cast" (plain
-    fp16 casts: 1.2-1.5x slower). block_pages, num_warps, num_stages and
-    maxnreg (registers per thread, 0: no cap) default to score_launch's.
+    _int8_query_planes; the fastest), "ptx" (fp16 dots, int operands
+    converted by PTX) or "cast" (plain fp16 casts, the slowest). block_pages,
+    num_warps, num_stages and maxnreg (registers per thread, 0: no cap)
+    default to score_launch's.
     Returns scores [B, Hq, max_pages] (natural-log mass; entries past a
     request's sealed pages are not written, aggregate_scores masks them) and
     per-chunk (max, sum-exp) partials [B, Hq, n_chunks] (empty chunks: -inf, 0).

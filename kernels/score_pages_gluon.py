@@ -22,18 +22,12 @@ ahead (two stages), the page ids of the step after that loaded meanwhile;
 the operands are read from shared memory. One warp per program. Each warp
 instruction copies runs of whole pages' bytes (_page_copy_layout: what DRAM
 serves fastest), each coefficient row is copied once and the centroid rows
-are swizzled (bank-conflict and instruction costs found by Nsight Compute,
-results/ncu_score_gluon_*_f9d8307.txt).
+are swizzled (bank-conflict and instruction costs found by Nsight Compute).
 
-Measured on the H200, one layer, distinct summaries per launch, against
-f9d8307's version of this kernel in the same run
-(benchmarks/results/score_copy_ab_245011d.json): Llama-3.1-8B 128K bs=1 18.1
-vs 20.4 us (73 % of copy bandwidth), 256K 32.5 vs 35.5 us (81 %), bs=8 128K
-115.9 vs 136.4 us (91 %); GLM-4-9B-1M 1M 50.2 vs 58.7 us (56 %). f9d8307's
-was 1.3-1.5x faster than score_pages_triton (score_gluon_probe_v3.json);
-static SASS of the page loop 69 instructions per (page, KV head) at G = 4
-(Triton's: 152), 147 at G = 16. Scores equal the Triton kernel's to its error
-against the float64 reference (GQA groups 1-16).
+Why: at G = 4 the pages on the rows leave no padded rows and half the
+Triton kernel's instructions per (page, KV head); it is the faster kernel
+where it applies (docs/performance.md). Scores equal the Triton kernel's to
+its error against the float64 reference (GQA groups 1-16).
 """
 
 from __future__ import annotations
@@ -48,8 +42,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from ._triton import dependent_launch, interpreted, l2_keep
 from .score_pages import INT4_TO_INT8X16_PTX, INT8_TO_F16_PTX, LOG2E, score_chunks, score_outputs
 
-# One warp per program, 4 page pairs per step, two shared-memory stages: the fastest of the H200 probe
-# (1-4 warps, 2-8 pairs, 2-3 stages, chunks of 32-128 pages).
+# One warp per program, 4 page pairs per step, two shared-memory stages: the fastest on the H200 of 1-4 warps,
+# 2-8 pairs, 2-3 stages and chunks of 32-128 pages.
 STEP_PAIRS = 4
 SMEM_STAGES = 2
 
@@ -123,11 +117,9 @@ def _page_copy_layout(num_warps, pages, rows, row_bytes):
     """Copy layout of a step's [pages, rows, row_bytes] records ([pages, row_bytes] where rows is 0) in 16-byte
     copies, `pages` pages a warp instruction: each page's share of an instruction is one run of contiguous bytes
     (a page's 16-byte pieces, row by row, over threads), further rows and pages over registers, pages over warps.
-    Against 8 pages an instruction, 64 bytes each (_copy_layout), DRAM serves the summaries faster: copied alone
-    at 94 % of copy bandwidth instead of 83 % (GLM-4-9B-1M 1M, whole pages an instruction,
-    results/summary_layout_probe_s28.json). In the kernels, where every thread computes an address per page it
-    copies, the basis two pages an instruction (256 bytes each) and the coefficients and centroids four (128
-    bytes) measured fastest (results/score_copy_layout_ab_s28.json)."""
+    Why: DRAM serves runs of whole pages faster than 8 pages an instruction, 64 bytes each (_copy_layout). In the
+    kernels, where every thread computes an address per page it copies, the basis two pages an instruction (256
+    bytes each) and the coefficients and centroids four (128 bytes) measured fastest (docs/performance.md)."""
     num_warps, pages, rows, row_bytes = (getattr(x, "value", x) for x in (num_warps, pages, rows, row_bytes))
     pieces = row_bytes // 16
     if rows == 0:
@@ -186,7 +178,7 @@ def _stage_buffers(STAGES: gl.constexpr, BP: gl.constexpr, MU_ROWS: gl.constexpr
     flat1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     flat2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     # centroid rows (128 bytes) swizzled in 16-byte units within each half: the mma's row fetches meet 2-way, not
-    # 8-way, bank conflicts (GLM-4-9B-1M 1M: 58.7 -> 53.1 us, results/score_mu_swizzle_ab_s15.json)
+    # 8-way, bank conflicts
     sw_m: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=4, order=[1, 0])
     smem_v = gl.allocate_shared_memory(gl.uint8, [STAGES, BP, R, D // 2], sw_v)
     smem_c = gl.allocate_shared_memory(gl.int8, [STAGES, BP, R, PAGE], flat3)
@@ -435,19 +427,15 @@ def launch_score_kernel(kernel, chain, q, summaries, req_to_token, req_pool_indi
     its chunk's mass per query head (sum_pages e^score, in float64: ln of the slots' sum is the head's
     log-sum-exp) at slot chunk % slots (the programs of a row end together: one address each would queue
     them), so that the selection after it reads each head's total instead of merging the chunks' partials
-    (its mass argument: selected_indices_triton). H200, attention step of all layers against the selection
-    merging the partials (results/mass_ab_s29.json), us a layer saved with 8 / 1 / 32 slots: GLM-4-9B-1M bs=1 1M
-    4.7 / -0.1 / 4.6, 128K 2.1 / -1.1 / 1.9; Llama-3.1-8B bs=1 128K -0.3 / -0.7 / 0.3 (scoring.MASS_MIN_GROUP).
+    (its mass argument: selected_indices_triton). It pays off from scoring.MASS_MIN_GROUP query heads per KV head
+    (docs/performance.md).
 
     chain: the kernel's name in the decode chain (_triton.dependent_launch). Launched as a dependent, a program
     reads its row's page table and puts its first summaries in flight before it waits for the kernel before
     it, and reads q after: the table, lengths and summaries are written before the decode step, never by that
-    kernel (LocksDecode.run's contract). H200, attention step of all layers against waiting first and against
-    no dependent launch (results/score_early_ab_s25.json): Llama-3.1-8B bs=1 128K and 256K 1.3 us a layer
-    faster, bs=4 0.9, bs=8 0.5; waiting first gained 0.24-0.29. At 16 query heads per KV head ("score_heads", not
-    launched so by default) it lost 10.6 us a layer at GLM-4-9B-1M 1M: that kernel has room for 12 programs per
-    SM, and its 1056 launched early pile up unevenly beside the running kernel's (capping the room at 8 by
-    padding shared memory removed the loss, gaining nothing)."""
+    kernel (LocksDecode.run's contract). At 16 query heads per KV head ("score_heads") it is not launched so by
+    default: that kernel has room for 12 programs per SM, and its programs launched early pile up unevenly
+    beside the running kernel's, which measured slower (docs/performance.md)."""
     bsz, hq, d = q.shape
     hkv = summaries.num_kv_heads
     chunk_pages, n_chunks = score_chunks(bsz * hkv, max_pages, q.device, block_pages, chunk_pages)

@@ -10,11 +10,8 @@ each page's keys lie along a quad of lanes and in registers (2 shuffle rounds). 
 both int8 planes of q as A (32 rows: per 16-row tile, plane 0 of 8 heads then plane 1 of the same heads,
 so that a thread holds both planes of a head and adds them in registers) against the step's centroids as B.
 
-H200, one layer, against score_pages_gluon in the same run (results/score_heads_ab_s16.json): GLM-4-9B-1M
-bs=1 1M 43.7 vs 49.9 us, 256K 15.1 vs 19.5, 128K 9.7 vs 14.0; bs=8 256K 80.4 vs 90.1. The basis term against
-one query plane (the centroid term keeps two) with each page's log2 mass clamped once, against the two planes
-and per-key clamps (results/score_copy_ab_s19.json): 1M 40.0 vs 44.3 us (67 % of copy bandwidth), 256K 14.6 vs
-15.1, 128K 9.8 vs 10.2; bs=8 256K 74.6 vs 81.7. Either change alone was not faster.
+Why: at G = 16 it is faster than score_pages_gluon, and more so with the basis term against one query plane
+and each page's log2 mass clamped once (the two together: either alone was not faster; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -32,11 +29,9 @@ from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_
 def _log2_mass(mass):
     """log2 of pages' summed exp2 terms, at most 127 (a term past 2^128 makes the sum inf), in a layout that holds
     each page once. The sums come out of the key reduction replicated over the quad of lanes that held the keys;
-    taking the logarithm after the layout change saves those lanes' MUFU instructions (H200, one layer, against
-    taking it before, results/score_lg2_ab_s24.json: GLM-4-9B-1M 1M 37.2-37.4 vs 39.7-39.9 us, bs=8 256K 71.0-72.5
-    vs 75.0-75.3; score_pages_gluon's G = 4 form, 2 lanes per sum, measured 0.3 us slower at Llama-3.1-8B 128K).
-    One clamp per page instead of each term's before its exponential (an instruction per key: 44.3 -> 40.3 us at
-    GLM 1M, results/score_copy_ab_s19.json)."""
+    taking the logarithm after the layout change saves those lanes' MUFU instructions (score_pages_gluon's G = 4
+    form, 2 lanes per sum, measured no faster so). One clamp per page instead of each term's before its
+    exponential saves an instruction per key."""
     return gl.minimum(_lg2(mass), 127.0)
 
 
@@ -76,8 +71,8 @@ def _score_pages_heads_kernel(
     _pdl_start(PDL)  # after the prologue: see launch_score_kernel
 
     # The basis term's query rows: the G heads in order, q1 = round(q / s) (s = max|q| / 127 per head) alone
-    # (score_pages.int8_query). Its rounding (2^-8 of max|q|) is below the int4 basis's own (recall on real text
-    # within 0.02 points, results/basis_query_recall_32768.json) and leaves the basis mma half the rows of two
+    # (score_pages.int8_query). Its rounding (2^-8 of max|q|) is below the int4 basis's own (recall on real text:
+    # docs/accuracy.md) and leaves the basis mma half the rows of two
     # planes, and no planes to add. (This form of the prologue keeps 167 registers; IEEE divisions, rint or a
     # reciprocal took 191-255.)
     vq, vk = _idx2(G, HALF, blk)

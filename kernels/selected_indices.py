@@ -12,52 +12,28 @@ then holds for the sparse decode.
 
 Selection. Scores are aggregated per KV head (aggregate_scores.aggregate_block)
 and ranked by one-byte keys (page_key: the page's share of its group's
-estimated mass in steps of 1/16 nat); top-k is a counting select over a row's
-pages, which several programs share, in two phases (2 and 3; phase 1 first
-where a row's score partials are many, split_merge, unless the score kernel
-added up each query head's mass for it, mass):
+estimated mass in steps of 1/16 nat). Top-k is a counting select over a row's
+pages, which several programs share: (1, where a row's score partials are
+many, split_merge, and the score kernel added up no masses) each program
+merges a slice of the chunk partials into each head's (max, sum); (2) each
+adds its pages' key histogram to the row's (atomics); (3) each finds the k-th
+largest key T and writes its pages with key > T and, in page order, as many
+with key == T as the budget still holds, at positions that follow from the
+earlier programs' histograms. Pages come out in logical order: deterministic,
+the exact top-k up to ties within one key step. A program's span follows
+from its row's own length, so a short row in a graph sized for a long
+context still spreads over all of its row's programs.
 
-  1. each program merges a slice of the score kernel's chunk partials into
-     each head's (max, sum), and after a row barrier each merges the row's
-     slices, instead of each program merging all of the partials (GLM-4-9B-1M
-     bs=1: 528 chunks x 16 heads; H200, results/select_latency_ab_split_s19.json,
-     against merging all of them: 128K 10.06 vs 10.58 us, 256K 9.99 vs 10.60,
-     1M 13.28 vs 14.27; at Llama-3.1-8B 128K, 132 chunks x 4 heads, the barrier
-     costs more than it saves: 8.41 vs 6.57 us, _call1.json);
-  2. each program computes its pages' keys, adds their histogram to the row's
-     (atomics) and stores its own histogram's suffix sums (pages at or above
-     each key);
-  3. it finds the k-th largest key T in the row's histogram and takes its
-     pages with key > T plus, in page order, as many with key == T as the
-     budget still holds, at positions that follow from the earlier programs'
-     suffix sums at T and T + 1.
+Residency. Between the phases a row's programs wait for each other on a
+counter (spin), so every program of the grid must be resident at once:
+selection_parts caps the grid, and before a grid's first launch the CUDA
+driver's occupancy of the compiled kernel confirms it (_resident_grid). The
+last program of a row clears its histogram and counter for the next launch.
+Triton's interpreter (CPU CI) runs programs one after the other, so there
+the phases are launches of their own.
 
-Pages come out in logical order; the selection is deterministic and the exact
-top-k up to ties within one key step. Between the phases a row's programs wait
-for each other on a counter (spin): selection_parts caps the grid so that all
-its programs are resident at once, which is what keeps the wait from
-deadlocking, and before a grid's first launch the CUDA driver's occupancy of
-the kernel it compiles to confirms it (_resident_grid: fewer programs where
-another GPU or compiler gives it more registers than resident_programs
-models). The last program of a row to finish clears its histogram and
-counter for the next launch. Triton's interpreter (CPU CI) runs programs one
-after the other, so there the phases are launches of their own.
-
-Latency. At bs=1 the launch is a chain of dependent round trips to memory,
-not bandwidth. A program's span of items follows from its row's length, so
-that under CUDA graphs, whose grid is sized for the longest context a graph
-serves, a short row still spreads over all of its row's programs; a span that
-fits a quarter of the width's tile is loaded as one smaller tile
-(selection_tiles). H200, results/select_latency_ab_s18.json, against spans
-from the launch's width: Llama-3.1-8B 128K in a 1M-wide launch 8.40 vs 13.27
-us, bs=4 14.25 vs 38.29; launches as wide as their rows within +-0.2 us at
-Llama bs=1 128K-256K, +1.1 at GLM-4-9B-1M 1M (13.74 vs 12.66). A span of one
-tile is loaded without a loop (a loop of one trip was slower). The last
-program to arrive at the barrier goes on without a poll. Keeping a program's
-keys in registers across the barrier took 10.2 us at Llama 128K against 6.89
-(select_latency_ab_regs_s17.json). (A second, low-byte pass over 16-bit keys
-measured 3.3 us of the old 11.9 us launch at Llama 128K: one step of 1/16 nat
-loses no recall that an estimate can resolve.)
+Why one launch: at bs=1 the selection is a chain of dependent round trips to
+memory, not bandwidth; every launch more adds its latency to the layer.
 
 The prefilter (scoring.locks_scores_triton) runs the same kernel twice:
 candidate_pages_triton selects each row's candidates from the estimate
@@ -405,10 +381,9 @@ class SelectionState:
 def selection_parts(rows: int, items: int, device: torch.device, group: int, block: int = None) -> int:
     """Programs per row: up to one per block of items, as many as let the whole grid be resident at once
     (the row barrier needs it): with the smallest tile (selection_tile) whose resident_programs per SM
-    hold the grid, else 2 per SM, which any registers allow (<= 255 x 128 threads each). Llama-3.1-8B bs=4
-    at 128K+: 17 programs per row of 512-page tiles, not 8 of 2048 (half of each masked in a 132096-token
-    graph): the attention step 6.6 us a layer faster (H200, results/select_grid_ab_s21.json; bs=4 256K 8.3,
-    bs=1 1M 4.4)."""
+    hold the grid, else 2 per SM, which any registers allow (<= 255 x 128 threads each). E.g. Llama-3.1-8B
+    bs=4 at 128K+: 17 programs per row of 512-page tiles, not 8 of 2048 (half of each masked in a 132096-token
+    graph)."""
     sms = num_sms(device)
     items = max(items, 1)
     most = triton.cdiv(items, block or PAGE_BLOCK)
@@ -433,7 +408,7 @@ def resident_programs(tile: int, group: int) -> int:
 
 def selection_tile(items: int, parts: int, group: int) -> int:
     """Items a program loads at a time: its whole span where [G, tile] scores stay within TILE_VALUES,
-    which keeps a row's programs to one round trip each (H200: benchmarks/results/select_probe_s15.json)."""
+    which keeps a row's programs to one round trip each."""
     span = triton.next_power_of_2(triton.cdiv(max(items, 1), parts))
     return max(16, min(span, TILE_VALUES // triton.next_power_of_2(group)))
 
@@ -441,9 +416,7 @@ def selection_tile(items: int, parts: int, group: int) -> int:
 def selection_tiles(items: int, parts: int, group: int) -> tuple:
     """(tile, small tile): selection_tile of rows items wide, and the one rows of a quarter of that or
     less use (under CUDA graphs a launch sized for the longest context also selects short rows). At 8+
-    query heads per KV head, none: with the split merge, GLM-4-9B-1M bs=1 128K 9.69 vs 10.06 us, 256K
-    9.78 vs 9.99, 1M 13.22 vs 13.28, but bs=8 256K 14.46 vs 13.81 (H200, results/select_latency_ab_split_s19.json,
-    minima of 3 alternations)."""
+    query heads per KV head, none (as measured on the H200 with the split merge)."""
     tile = selection_tile(items, parts, group)
     return tile, tile if group >= 8 else max(16, tile // 4)
 

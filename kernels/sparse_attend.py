@@ -7,19 +7,16 @@ token-major cache [slots, H_kv, d] (entry slot * H_kv + h is the page whose
 first token is slot, its tokens H_kv * d elements apart); its last page holds
 last_page_len[row] tokens.
 
-Why not FlashInfer's decode: at budget 2048 a row is ~130 pages (8 MB a layer
-at Llama-3.1-8B bs=1), which FlashInfer's batch decode and merge take ~12 us
-to read whatever its split settings (results/attend_split_probe_s15.json),
-and it needs a host plan. Here each row's pages are cut into `splits` equal
-parts, one program each (enough programs to fill the GPU), and a second
-launch merges the parts' (output, log-sum-exp) per query head; with one part
-the first launch writes the output itself. H200, budget 2048, same run
-(results/attend_triton_probe_s16.json): Llama-3.1-8B bs=1 9.7 vs 12.2 us,
-GLM-4-9B-1M 7.2 vs 9.4, Llama bs=4 17.1 vs 19.9, bs=8 26.1 vs 30.8. (Merging
-in the row's last program instead of a second launch measured slower:
-results/attend_triton_lastmerge_probe_s16.json.)
+Why not FlashInfer's decode: at budget 2048 a row is ~130 pages, which its
+batch decode and merge read slower than their bytes allow whatever the split
+settings, and it needs a host plan. Here each row's pages are cut into
+`splits` equal parts, one program each (enough programs to fill the GPU), and
+a second launch merges the parts' (output, log-sum-exp) per query head; with
+one part the first launch writes the output itself. It is the faster of the
+two on the H200 (docs/performance.md); merging in the row's last program
+instead of a second launch measured slower.
 Both launches take programmatic dependent launch (_triton.DEPENDENT_KERNELS): each is scheduled while the
-kernel before it runs, 0.6-2.3 us a layer (results/pdl_ab_kernels_s20.json).
+kernel before it runs.
 """
 
 from __future__ import annotations
@@ -174,7 +171,7 @@ def sparse_attend_triton(q, k_cache, v_cache, indptr, indices, last_page_len, ro
 def attend_launch(rows: int, pages_per_row: int, sms: int):
     """(splits, pages_per_iter) for rows of up to pages_per_row pages: about two programs per SM, each of 4 pages
     (64 tokens) or more, at most 64 parts; 8 pages loaded at once where a part holds at most 8, else 4 (the
-    faster of each at budget 2048 on the H200, results/attend_triton_probe_s16.json)."""
+    faster of each at budget 2048 on the H200)."""
     want = triton.next_power_of_2(max(1, -(-2 * sms // max(1, rows))))
     cap = 1 << max(0, (max(1, pages_per_row // 4)).bit_length() - 1)
     splits = max(1, min(want, cap, 64))

@@ -28,7 +28,7 @@ class LocksConfig:
     prefilter * budget_pages best of each (request, KV head) and selects among
     those, scored with the whole summary. 0 (the default) scores every page in
     full, the seed's LOCKS: the prefilter trades recall for speed
-    (benchmarks/results/README.md has both measured).
+    (docs/performance.md and docs/accuracy.md have both measured).
 
     sparse_decode: the kernel attending the selected pages, "triton"
     (kernels/sparse_attend.py, 1.2-1.3x faster on the H200) or "flashinfer"

@@ -26,9 +26,8 @@ from .summaries import PageSummaries
 
 
 # The Gluon score kernels add up each query head's mass for the selection (launch_score_kernel's mass) from this
-# many query heads per KV head. H200, attention step of all layers against the selection merging the partials
-# (results/mass_ab_s29.json, us a layer saved): GLM-4-9B-1M (16) bs=1 1M 4.7, 128K 2.1, bs=8 256K 1.5;
-# Llama-3.1-8B (4) -0.1 to -0.5, where each selection program merges a few partials at no cost.
+# many query heads per KV head: it pays at GLM-4-9B-1M's 16, not at Llama-3.1-8B's 4, where each selection program
+# merges a few partials at no cost (docs/performance.md).
 MASS_MIN_GROUP = 8
 
 

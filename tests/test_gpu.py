@@ -189,7 +189,7 @@ def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeyp
     the selection for the scores, the sparse decode for the selection), so the graph gives what launches without
     it give, bit for bit; so must each layer's selection, which writes the layer's key and value that its
     sparse decode reads.
-    Without the waits it fails (results/gpu_tests_mutant_nowait_s20.log)."""
+    Without the waits it fails (checked once by removing them)."""
     c = random_cache([16 * 300 + 7, 16 * 45 + 3], hkv, 128, device="cuda", seed=5)
     dec = LocksDecode(LocksConfig(token_budget=512), _workspace(), hkv * group, hkv, 128, 2, use_cuda_graph=True)
     dec.plan(c["seq_lens"].cpu(), torch.bfloat16, torch.bfloat16)

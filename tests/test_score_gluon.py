@@ -36,7 +36,7 @@ def test_gluon_scores_match_float64_reference(seq_lens, hkv, group, chunk_pages,
     assert torch.allclose(scores[finite].double(), ref[finite], atol=1e-3, rtol=1e-3)
     triton_scores = score_pages_triton(q, *args)[0]
     # each kernel is within 1e-3 of float64, so they are within twice that of each other (at 1e-3 a fresh q failed:
-    # 5.6656 vs 5.6657, results/gpu_tests_s24.log)
+    # 5.6656 vs 5.6657)
     assert torch.allclose(scores[finite], triton_scores[finite], atol=2e-3, rtol=2e-3)
     # chunk partials: a row's sealed pages split over its programs in whole steps of 2 * STEP_PAIRS pages
     assert_chunk_partials(part_max, part_sum, ref, c["seq_lens"], 2 * STEP_PAIRS, 1e-3)

@@ -4,7 +4,7 @@ LOCKS has fixed costs per layer (scoring and selection launches, the sparse
 decode's), which a short dense read does not: on the H200 at bs=1, decode with
 LOCKS was up to 9 % slower than FullKV below ~32K tokens for the
 Llama-3.1-8B shape (8 KV heads) and ~128K for GLM-4-9B-1M (2 KV heads)
-(benchmarks/results/e2e_decode_627bc31.json). So a decode step whose requests hold
+(benchmarks/results/e2e_decode_crossover.json). So a decode step whose requests hold
 fewer KV tokens in all than ``min_step_tokens`` runs FlashInfer's own decode,
 exactly as stock SGLang; the rest decode through LOCKS. Decode-sealed pages
 are summarised in both, so a request that grows past the threshold finds its
