@@ -81,5 +81,7 @@ class Server:
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=60)
-        except Exception:  # noqa: BLE001
+        except ProcessLookupError:  # the server's process group is gone already
+            pass
+        except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)

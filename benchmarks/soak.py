@@ -49,11 +49,22 @@ def gpu_memory_mib() -> int:
     return sum(int(x) for x in out.split() if x.strip().isdigit())
 
 
-def host_rss_mib(pid: int) -> float:
+def host_rss_mib(pid: int):
+    """Resident memory of the server's process tree (None once it is gone)."""
     import psutil
 
-    root = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+    total = 0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:  # a child that exited meanwhile
+            pass
+    return round(total / 2**20)
 
 
 def metric(text: str, name: str) -> float:
@@ -194,6 +205,8 @@ def main() -> None:
     server = Server("soak", a.port, server_args(a.model, a.max_total_tokens, a.context_length), a.log_dir,
                     env={"SGLANG_LOCKS_CHECK_STALE": "1"})
     load = Load(server, a.seed, a.max_requests, a.context_length)
+    end = {}  # what the end of the soak saw; empty where the server died under load
+    samples = []
     try:
         server.generate_all(random_prompts(9, [2000, 50000]), max_new_tokens=8)  # warm-up: allocator, graphs
         probe_start = probe(server, load)
@@ -203,30 +216,34 @@ def main() -> None:
         threads.append(threading.Thread(target=load.flusher, args=(45.0, 150.0), daemon=True))
         for t in threads:
             t.start()
-        samples = []
-        while time.time() - t0 < a.duration and any(t.is_alive() for t in threads[:-1]):
+        while (time.time() - t0 < a.duration and any(t.is_alive() for t in threads[:-1])
+               and server.proc.poll() is None):
             time.sleep(10)
             samples.append({"t": round(time.time() - t0), "gpu_mib": gpu_memory_mib(),
-                            "host_rss_mib": round(host_rss_mib(server.proc.pid)), "in_flight": load.in_flight})
+                            "host_rss_mib": host_rss_mib(server.proc.pid), "in_flight": load.in_flight})
         load.stop.set()
         for t in threads:
             t.join(timeout=600)
         load_s = time.time() - t0
-        probe_end = probe(server, load)
-        memory_end = {"gpu_mib": gpu_memory_mib(), "host_rss_mib": host_rss_mib(server.proc.pid)}
-        counters, metrics = server.locks_counters(), server.metrics()
+        if server.proc.poll() is None:
+            end["probe"] = probe(server, load)
+            end["memory"] = {"gpu_mib": gpu_memory_mib(), "host_rss_mib": host_rss_mib(server.proc.pid)}
+            end["counters"], end["metrics"] = server.locks_counters(), server.metrics()
     finally:
+        exit_code = server.proc.poll()
         server.stop()
 
-    checks = {
-        "no_request_failed": not load.errors,
-        "stale_scorable_pages_zero": counters["stale_scorable_pages"] == 0,
-        "probe_tokens_equal": probe_start == probe_end,
-        "gpu_memory_flat": memory_end["gpu_mib"] - memory_start["gpu_mib"] <= GPU_MEMORY_SLACK_MIB,
-        "host_memory_flat": memory_end["host_rss_mib"] <= memory_start["host_rss_mib"] * (1 + HOST_MEMORY_SLACK),
-        "ran_the_duration": load_s >= a.duration,
-        "cache_evicted": metric(metrics, "sglang:evicted_tokens_total") > 0,
-    }
+    checks = {"server_alive": not exit_code, "no_request_failed": not load.errors, "ran_the_duration": load_s >= a.duration}
+    if end:
+        checks.update({
+            "stale_scorable_pages_zero": end["counters"]["stale_scorable_pages"] == 0,
+            "probe_tokens_equal": probe_start == end["probe"],
+            "gpu_memory_flat": end["memory"]["gpu_mib"] - memory_start["gpu_mib"] <= GPU_MEMORY_SLACK_MIB,
+            "host_memory_flat": end["memory"]["host_rss_mib"] <= memory_start["host_rss_mib"] * (1 + HOST_MEMORY_SLACK),
+            "cache_evicted": metric(end["metrics"], "sglang:evicted_tokens_total") > 0,
+        })
+    with open(server.log) as f:
+        server_log_tail = f.read().splitlines()[-60:] if exit_code else []
     result = {
         "command": "python benchmarks/soak.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()),
@@ -241,15 +258,17 @@ def main() -> None:
         "checks": checks,
         "requests": dict(load.counts),
         "errors": load.errors[:50],
-        "evicted_tokens": metric(metrics, "sglang:evicted_tokens_total"),
-        "locks_counters": counters,
-        "probe_tokens": {"start": probe_start, "end": probe_end},
-        "memory": {"start": memory_start, "end": memory_end, "samples": samples},
+        "server_exit_code": exit_code,
+        "server_log_tail": server_log_tail,
+        "evicted_tokens": metric(end["metrics"], "sglang:evicted_tokens_total") if end else None,
+        "locks_counters": end.get("counters"),
+        "probe_tokens": {"start": probe_start, "end": end.get("probe")},
+        "memory": {"start": memory_start, "end": end.get("memory"), "samples": samples},
     }
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(json.dumps({k: result[k] for k in ("passed", "checks", "requests", "evicted_tokens", "load_s")}, indent=1))
-    print(json.dumps({"locks": counters, "memory_start": memory_start, "memory_end": memory_end}))
+    print(json.dumps({k: result[k] for k in ("passed", "checks", "requests", "evicted_tokens", "load_s",
+                                             "server_exit_code", "locks_counters")}, indent=1))
 
 
 if __name__ == "__main__":
