@@ -35,8 +35,10 @@ GPU_MEMORY_SLACK_MIB = 256  # allocator rounding; a leak of pages or graphs woul
 HOST_MEMORY_SLACK = 0.10
 
 
-def server_args(model: str, max_total_tokens: int, context: int) -> list:
-    return ["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init", "--enable-locks",
+def server_args(model: str, max_total_tokens: int, context: int, mode: str) -> list:
+    """mode "locks": --enable-locks; "fullkv": stock SGLang on the same backend and page size (the control run)."""
+    mode_flags = ["--enable-locks"] if mode == "locks" else ["--attention-backend", "flashinfer", "--page-size", "16"]
+    return ["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init", *mode_flags,
             "--context-length", str(context), "--max-total-tokens", str(max_total_tokens),
             "--mem-fraction-static", "0.5", "--cuda-graph-max-bs", "16", "--disable-prefill-cuda-graph",
             "--enable-metrics"]
@@ -198,12 +200,14 @@ def main() -> None:
     ap.add_argument("--context-length", type=int, default=135168)
     ap.add_argument("--port", type=int, default=30021)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mode", choices=("locks", "fullkv"), default="locks",
+                    help="fullkv: the same load on stock SGLang, to tell LOCKS's faults from the server's")
     ap.add_argument("--out", required=True)
     ap.add_argument("--log-dir", required=True)
     a = ap.parse_args()
 
-    server = Server("soak", a.port, server_args(a.model, a.max_total_tokens, a.context_length), a.log_dir,
-                    env={"SGLANG_LOCKS_CHECK_STALE": "1"})
+    server = Server(f"soak_{a.mode}", a.port, server_args(a.model, a.max_total_tokens, a.context_length, a.mode),
+                    a.log_dir, env={"SGLANG_LOCKS_CHECK_STALE": "1"})
     load = Load(server, a.seed, a.max_requests, a.context_length)
     end = {}  # what the end of the soak saw; empty where the server died under load
     samples = []
@@ -228,7 +232,8 @@ def main() -> None:
         if server.proc.poll() is None:
             end["probe"] = probe(server, load)
             end["memory"] = {"gpu_mib": gpu_memory_mib(), "host_rss_mib": host_rss_mib(server.proc.pid)}
-            end["counters"], end["metrics"] = server.locks_counters(), server.metrics()
+            end["counters"] = server.locks_counters() if a.mode == "locks" else None
+            end["metrics"] = server.metrics()
     finally:
         exit_code = server.proc.poll()
         server.stop()
@@ -236,7 +241,7 @@ def main() -> None:
     checks = {"server_alive": not exit_code, "no_request_failed": not load.errors, "ran_the_duration": load_s >= a.duration}
     if end:
         checks.update({
-            "stale_scorable_pages_zero": end["counters"]["stale_scorable_pages"] == 0,
+            "stale_scorable_pages_zero": a.mode == "fullkv" or end["counters"]["stale_scorable_pages"] == 0,
             "probe_tokens_equal": probe_start == end["probe"],
             "gpu_memory_flat": end["memory"]["gpu_mib"] - memory_start["gpu_mib"] <= GPU_MEMORY_SLACK_MIB,
             "host_memory_flat": end["memory"]["host_rss_mib"] <= memory_start["host_rss_mib"] * (1 + HOST_MEMORY_SLACK),
