@@ -327,6 +327,25 @@ class DeviceInputs:
                         *self.tables)
         return dec, step
 
+    def scoring(self, shared: bool):
+        """The score launches of a step of all layers alone: today's (score_pages_full, each request's pages) or,
+        shared, score_pages_shared (each group's shared run once for all its members, after shared_runs once a
+        step); and layer 0's scores [B, Hq, P] of it."""
+        from sglang_locks.scoring import score_pages_full, score_pages_shared
+        from sglang_locks.shared_prefix import shared_runs
+
+        max_pages = int(self.seq_lens_cpu.max()) // PAGE_SIZE
+
+        def layer_scores(layer, runs):
+            args = (self.q, self.sums[layer % self.n_sum], *self.tables, max_pages, self.sm_scale)
+            return score_pages_shared(*args, runs)[0] if shared else score_pages_full(*args)[0]
+
+        def step():
+            runs = shared_runs(*self.tables, max_pages) if shared else None
+            for layer in range(self.layers):
+                layer_scores(layer, runs)
+        return step, layer_scores(0, shared_runs(*self.tables, max_pages) if shared else None)
+
 
 def stock_step(inputs: DeviceInputs, batch: SharedPrefixBatch):
     """FlashInfer's tensor-core batch decode over each request's whole page table (faster than its CUDA-core
@@ -424,6 +443,12 @@ def bench_case(case: Case, own_lens: List[int], config: LocksConfig, reps: int, 
             errors[backend] = f"{type(e).__name__}: {e}"
     dec, step = inputs.locks(config)
     graphs["locks"] = capture(step)
+    scores = {}
+    for name, shared in (("score_per_request", False), ("score_shared", True)):
+        step, scores[name] = inputs.scoring(shared)
+        graphs[name] = capture(step)
+    sealed = torch.isfinite(scores["score_per_request"]) & torch.isfinite(scores["score_shared"])
+    score_diff = (scores["score_per_request"] - scores["score_shared"])[sealed].abs().max().item()
     times = alternate(graphs, rounds, reps)
     del graphs
     ms = {mode: median(t) for mode, t in times.items()}
@@ -448,6 +473,8 @@ def bench_case(case: Case, own_lens: List[int], config: LocksConfig, reps: int, 
         "budget": config.token_budget, "page_size": PAGE_SIZE,
         "stock_ms": ms["stock"], "cascade_ms": best_cascade, "cascade_ms_by_backend": cascade_ms,
         "cascade_errors": errors, "locks_ms": ms["locks"], "ms_rounds": times,
+        "score_per_request_ms": ms["score_per_request"], "score_shared_ms": ms["score_shared"],
+        "score_shared_max_abs_diff": score_diff,
         "locks_vs_cascade": None if best_cascade is None else best_cascade / ms["locks"],
         "locks_vs_stock": ms["stock"] / ms["locks"],
         "bytes_stock": nbytes["stock"], "bytes_cascade": nbytes["cascade"], "bytes_locks": nbytes["locks"],
@@ -567,7 +594,9 @@ def main(argv=None):
         print(f"{case.key}: stock {row['stock_ms']:.2f} ms, cascade {row['cascade_ms_by_backend']} ms, "
               f"locks {row['locks_ms']:.2f} ms (locks {row['locks_vs_cascade'] or float('nan'):.2f}x cascade, "
               f"{row['locks_vs_stock']:.1f}x stock); selected pages {ov['shared_fraction']:.0%} shared, "
-              f"{ov['shared_once_fraction']:.0%} distinct; {time.time() - t_case:.0f} s", flush=True)
+              f"{ov['shared_once_fraction']:.0%} distinct; scoring alone {row['score_per_request_ms']:.2f} ms, "
+              f"shared runs once {row['score_shared_ms']:.2f} ms (max diff {row['score_shared_max_abs_diff']:.1e}); "
+              f"{time.time() - t_case:.0f} s", flush=True)
         with open(args.out, "w") as f:
             json.dump({**header, "rows": rows, "skipped": skipped}, f, indent=1)
     with open(args.out, "w") as f:

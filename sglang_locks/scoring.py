@@ -17,11 +17,14 @@ import torch
 from .config import LocksConfig
 from .kernels._triton import triton_usable
 from .kernels.aggregate_scores import aggregate_scores_torch, aggregate_scores_triton
-from .kernels.score_pages import BLOCK_PAGES, estimate_block_pages, score_chunks, score_pages_torch, score_pages_triton
+from .kernels.score_pages import (BLOCK_PAGES, chunk_pages_for, estimate_block_pages, score_chunks, score_pages_torch,
+                                  score_pages_triton)
 from .kernels.score_pages_gluon import gluon_applies, score_pages_gluon
 from .kernels.score_pages_gluon_heads import score_pages_gluon_heads
+from .kernels.score_segments import OWN_TILE_ROWS, SHARED_TILE_ROWS, members_per_tile, score_segments_triton
 from .kernels.selected_indices import SelectionState, candidate_pages_triton
 from .selection import select_pages
+from .shared_prefix import score_segments_of
 from .summaries import PageSummaries
 
 
@@ -66,6 +69,31 @@ def score_pages_full(q, summaries, req_to_token, req_pool_indices, seq_lens, max
         heads_on_rows = q.shape[1] == 16 * summaries.num_kv_heads
         return (score_pages_gluon_heads if heads_on_rows else score_pages_gluon)(*args, **options)
     return score_pages_triton(*args, **options)
+
+
+def score_pages_shared(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale, runs,
+                       chunk_pages: int = None):
+    """score_pages_full's (scores [B, Hq, max_pages], part_max, part_sum) with each group's shared run scored once
+    for all its members (runs: shared_prefix.shared_runs of the batch) and each request's other pages on their
+    own: two score_segments launches, whose chunk partials sit side by side (chunks neither wrote: -inf, 0).
+    chunk_pages: pages per program of both (default: each launch's programs fill the GPU, the shared one's as if
+    the whole batch were one group)."""
+    bsz, hq, _ = q.shape
+    hkv = summaries.num_kv_heads
+    shared, own = score_segments_of(runs, seq_lens, max_pages)
+    member_blocks = -(-bsz // members_per_tile(hq // hkv, SHARED_TILE_ROWS))
+    shared_chunk = chunk_pages or chunk_pages_for(hkv * member_blocks, max_pages, q.device)
+    own_chunk = chunk_pages or chunk_pages_for(bsz * hkv, max_pages, q.device)
+    n_shared, n_own = (max(1, -(-max_pages // c)) for c in (shared_chunk, own_chunk))
+    scores = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
+    part_max = torch.full((bsz, hq, n_shared + n_own), float("-inf"), dtype=torch.float32, device=q.device)
+    part_sum = torch.zeros_like(part_max)
+    args = (q, summaries, req_to_token, req_pool_indices)
+    out = (scores, part_max, part_sum)
+    score_segments_triton(*args, shared, max_pages, sm_scale, out, 0, chunk_pages=shared_chunk)
+    score_segments_triton(*args, own, max_pages, sm_scale, out, n_shared, tile_rows=OWN_TILE_ROWS,
+                          chunk_pages=own_chunk)
+    return scores, part_max, part_sum
 
 
 def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,

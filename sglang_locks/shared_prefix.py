@@ -12,10 +12,12 @@ own pages on their own. A request alone in its group shares nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 import torch
 
 from .config import PAGE_SIZE
+from .kernels.score_segments import Segments
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,24 @@ def shared_runs(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_
     run = run.scatter_reduce(0, leader, common.to(torch.int64), reduce="amin")[leader]
     run = torch.where(members > 1, run // chunk_pages * chunk_pages, torch.zeros_like(run))
     return SharedRuns(leader.to(torch.int32), run.to(torch.int32), members.to(torch.int32))
+
+
+def score_segments_of(runs: SharedRuns, seq_lens: torch.Tensor, max_pages: int) -> Tuple[Segments, Segments]:
+    """(shared, own) segments of a batch for score_segments_triton: each group's shared run, read from its
+    leader's table, for all its members (slot = the leader; other slots empty), and each request's pages
+    after its group's shared run, for itself (slot = the request)."""
+    bsz = seq_lens.shape[0]
+    b = torch.arange(bsz, device=seq_lens.device, dtype=torch.int32)
+    n_sealed = (seq_lens.to(torch.int64) // PAGE_SIZE).clamp(max=max_pages).to(torch.int32)
+    leads = (runs.leader == b) & (runs.members > 1)
+    # Members sorted by group, each group's leader (its smallest row) first.
+    order = torch.argsort(runs.leader.to(torch.int64) * bsz + b, stable=True).to(torch.int32)
+    position = torch.empty_like(order).scatter_(0, order.long(), b)
+    zero = torch.zeros_like(b)
+    shared = Segments(table=b, start=zero, end=torch.where(leads, runs.shared_pages, zero), first=position,
+                      count=torch.where(leads, runs.members, zero), members=order)
+    own = Segments(table=b, start=runs.shared_pages, end=n_sealed, first=b, count=torch.ones_like(b), members=b)
+    return shared, own
 
 
 def shared_runs_reference(tables, chunk_pages: int = 1) -> SharedRuns:

@@ -197,3 +197,35 @@ def test_sparse_attend_kernels_build_for_sm90(group, head_dim):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True"] * 8
+
+
+SEGMENTS_BUILD = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang_locks.kernels import score_segments as m
+
+kernel = m._score_segments_kernel
+for group, heads, mb in ((4, 8, 16), (4, 8, 4), (16, 2, 4), (16, 2, 1), (7, 4, 8)):
+    consts = dict(HKV=heads, G=group, GQ=triton.next_power_of_2(group), MB=mb, D=128, R=8, RP=8, PAGE=16,
+                  BLOCK_P=16, QUANT=True, CVT=2, BIG=False)
+    names = kernel.arg_names
+    ptrs = dict(q_ptr="*bf16", mu_ptr="*i8", mu_scale_ptr="*fp32", basis_ptr="*u8", coef_ptr="*i8",
+                coef_scale_ptr="*fp32", scores_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "*i32" if n.endswith("_ptr") else
+                                                       "fp32" if n == "scale_log2" else "i32") for n in names}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
+    ptx = built.asm["ptx"]
+    print(group, mb, "mma" in ptx, "0x64086408" in ptx, len(built.asm["cubin"]) > 0)
+"""
+
+
+def test_segment_score_kernel_builds_for_sm90():
+    """The shared-run score kernel's tiles (16 to 64 query rows) compile for the H200, on tensor cores, with the
+    PTX conversion of the int4 basis."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", SEGMENTS_BUILD], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert len(lines) == 5 and all(l[2:] == ["True", "True", "True"] for l in lines), lines

@@ -1,47 +1,10 @@
 """shared_runs: the batch's groups of requests over the same physical pages, against a plain-Python reference."""
 
-import random
-
 import pytest
 import torch
 
+from helpers import shared_prefix_batch as batch
 from sglang_locks.shared_prefix import shared_runs, shared_runs_reference
-
-
-def batch(seed, groups, alone, own_pages, diverge=False, device="cpu"):
-    """SGLang-like tables: each group's requests start on the same physical pages (a prefix of shared_len
-    tokens, possibly ending mid-page: the page holding its end is each request's own), then own pages; some
-    requests share nothing; with diverge, one member of each group leaves the prefix early."""
-    rng = random.Random(seed)
-    next_page = iter(rng.sample(range(1, 5000), 4999))
-    tables, lens = [], []
-    for members, shared_len in groups:
-        prefix = [next(next_page) for _ in range(shared_len // 16)]
-        for m in range(members):
-            own_len = rng.randrange(0, own_pages * 16)
-            pages = list(prefix)
-            if diverge and m == members - 1 and len(pages) > 2:
-                cut = rng.randrange(1, len(pages))
-                pages = pages[:cut] + [next(next_page) for _ in range(len(pages) - cut)]
-            n = len(pages) * 16 + (shared_len % 16) + own_len
-            pages += [next(next_page) for _ in range(-(-n // 16) - len(pages))]
-            tables.append(pages)
-            lens.append(n)
-    for _ in range(alone):
-        n = rng.randrange(0, own_pages * 16)
-        tables.append([next(next_page) for _ in range(-(-n // 16))])
-        lens.append(n)
-    order = list(range(len(lens)))
-    rng.shuffle(order)
-    tables, lens = [tables[i] for i in order], [lens[i] for i in order]
-    width = max(max(lens), 1) + 16
-    req_to_token = torch.zeros(len(lens) + 3, width, dtype=torch.int32)
-    rpi = torch.tensor(rng.sample(range(1, len(lens) + 3), len(lens)), dtype=torch.int32)
-    for r, pages, n in zip(rpi.tolist(), tables, lens):
-        slots = (torch.tensor(pages, dtype=torch.int64)[:, None] * 16 + torch.arange(16)).flatten()[:n]
-        req_to_token[r, :n] = slots.to(torch.int32)
-    sealed = [t[: n // 16] for t, n in zip(tables, lens)]
-    return (req_to_token.to(device), rpi.to(device), torch.tensor(lens, dtype=torch.int32, device=device)), sealed
 
 
 CASES = [
