@@ -6,8 +6,9 @@ import torch
 
 from .config import LocksConfig
 from .kernels.selected_indices import CacheWrite, SelectionState, selected_indices_torch, selected_indices_triton
-from .scoring import candidate_buffer, locks_aggregate_torch, locks_scores_triton
+from .scoring import candidate_buffer, locks_aggregate_torch, locks_scores_triton, prefiltered, score_pages_shared
 from .selection import select_pages, selected_pages
+from .shared_prefix import SharedRuns
 from .sparse_decode import SparseDecodeWrapper, sparse_decode_reference
 from .summaries import PageSummaries
 
@@ -57,6 +58,12 @@ class LocksDecode:
         if candidates is None:
             candidates = candidate_buffer(max_batch_size * num_kv_heads, config, workspace.device)
         self.candidates = candidates
+        self.shared_runs = None
+
+    def share_runs(self, runs: SharedRuns = None) -> None:
+        """Score each group's shared run once for all its members (runs: shared_prefix.shared_runs of the batch,
+        device tensors the steps read; None: each request's pages on their own). Not with the prefilter."""
+        self.shared_runs = runs
 
     def plan(self, seq_lens_cpu: torch.Tensor, q_dtype, kv_dtype, sm_scale: float = None, max_pages: int = None) -> None:
         """max_pages: width of the score buffers (static under CUDA graphs); default the longest request's."""
@@ -70,9 +77,13 @@ class LocksDecode:
         """Score, then select the pages each row attends (and, with cache_write, write the step's keys and values
         into the caches, which the sparse decode reads next)."""
         cfg = self.config
-        *scored, candidates, mass = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens,
-                                                        self.max_pages, self.sm_scale, cfg, self.selection_state,
-                                                        self.candidates, self.score_options)
+        if self.shared_runs is not None and not prefiltered(cfg, self.max_pages):
+            scored, candidates, mass = score_pages_shared(q, summaries, req_to_token, req_pool_indices, seq_lens,
+                                                          self.max_pages, self.sm_scale, self.shared_runs), None, None
+        else:
+            *scored, candidates, mass = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens,
+                                                            self.max_pages, self.sm_scale, cfg, self.selection_state,
+                                                            self.candidates, self.score_options)
         sparse = self.sparse
         selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, sparse.indptr, sparse.indices,
                                 sparse.last_page_len, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,

@@ -21,10 +21,10 @@ CASES = [
 ]
 
 
-def shared_cache(seed, hkv, precision, batch):
-    args, sealed = shared_prefix_batch(seed, pool_pages=POOL, **batch)
+def shared_cache(seed, hkv, precision, batch, device="cpu"):
+    args, sealed = shared_prefix_batch(seed, pool_pages=POOL, device=device, **batch)
     gen = torch.Generator().manual_seed(seed)
-    return args, sealed, summaries_of(page_keys(POOL, hkv, 128, gen), 8, precision, "cpu")
+    return args, sealed, summaries_of(page_keys(POOL, hkv, 128, gen), 8, precision, device)
 
 
 @pytest.mark.parametrize("hkv, group, batch", CASES)
@@ -84,3 +84,31 @@ def test_bad_tiles_and_partials_are_refused():
         score_segments_triton(q, summaries, req_to_token, rpi, shared, 40, 1.0, out, tile_rows=8)
     with pytest.raises(ValueError, match=r"chunks \[0, 3\) exceed the partials' 1"):
         score_segments_triton(q, summaries, req_to_token, rpi, shared, 40, 1.0, out, chunk_pages=16)
+
+
+@pytest.mark.parametrize("budget", [64, 4096])  # 4 pages of up to 30 a row; every page (dense attention)
+def test_locks_step_with_shared_runs_equals_the_step_without(device, budget):
+    """A whole LOCKS step (score, select, attend) over a shared-prefix batch, with the shared runs scored once:
+    the same pages selected and the same output as scoring each request's pages on its own."""
+    from sglang_locks.config import LocksConfig
+    from sglang_locks.decode import LocksDecode
+
+    hkv, group = 2, 4
+    batch = dict(groups=[(4, 16 * 22 + 7)], alone=1, own_pages=6)
+    tables, sealed, summaries = shared_cache(5, hkv, "int8-int4-int8", batch, device)
+    gen = torch.Generator().manual_seed(9)
+    k_cache, v_cache = (torch.randn(POOL * 16, hkv, 128, generator=gen).to(device, torch.bfloat16) for _ in range(2))
+    q = torch.randn(len(sealed), hkv * group, 128, generator=gen).to(device, torch.bfloat16)
+    cfg = LocksConfig(token_budget=budget, sparse_decode="triton")
+    steps = []
+    for share in (False, True):
+        dec = LocksDecode(cfg, torch.empty(1 << 24, dtype=torch.uint8, device=device), hkv * group, hkv, 128,
+                          len(sealed))
+        dec.plan(tables[2].cpu(), torch.bfloat16, torch.bfloat16)
+        dec.share_runs(shared_runs(*tables, dec.max_pages) if share else None)
+        out = dec.run(q, k_cache, v_cache, summaries, *tables)
+        n = int(dec.sparse.indptr[len(sealed) * hkv])
+        steps.append((out.float(), dec.sparse.indices[:n].clone()))
+    assert torch.equal(steps[0][1], steps[1][1])
+    assert torch.allclose(steps[0][0], steps[1][0], atol=1e-2, rtol=1e-2)
+
