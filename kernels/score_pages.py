@@ -209,6 +209,30 @@ def _int8_query_planes(q_base, stride_qh, G: tl.constexpr, GQ: tl.constexpr, GP:
 
 
 @triton.jit
+def _centroid_term(q_lo, q_hi, mu_base, mu_scale, scale_log2, HALF: tl.constexpr, QUANT: tl.constexpr,
+                   CVT: tl.constexpr):
+    """q . mu of a block's pages by fp16 dots (float32 in the interpreter), log2 units: [rows of q, pages]."""
+    mu_lo = _operand(tl.load(mu_base), QUANT, CVT)
+    mu_hi = _operand(tl.load(mu_base + HALF), QUANT, CVT)
+    return (tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)) * (mu_scale * scale_log2)[None, :]
+
+
+@triton.jit
+def _basis_term(q_lo, q_hi, basis_ptr, row_n, live_r, k, cs, scale_log2, D: tl.constexpr, QUANT: tl.constexpr,
+                CVT: tl.constexpr):
+    """V q of a block's basis rows row_n (scaled by cs) by fp16 dots, log2 units: [rows of q, basis rows]."""
+    HALF: tl.constexpr = D // 2
+    if QUANT:
+        vb = tl.load(basis_ptr + row_n[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
+        v_lo, v_hi = _int4_to_f16(vb, CVT)
+    else:
+        v_base = basis_ptr + row_n[None, :] * D + k[:, None]
+        v_lo = _operand(tl.load(v_base, mask=live_r[None, :], other=0.0), False, CVT)
+        v_hi = _operand(tl.load(v_base + HALF, mask=live_r[None, :], other=0.0), False, CVT)
+    return (tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)) * (cs * scale_log2)[None, :]
+
+
+@triton.jit
 def _page_lse(proj, c_rows, G: tl.constexpr, GP: tl.constexpr, BLOCK_P: tl.constexpr, RP: tl.constexpr,
               PAGE: tl.constexpr, QUANT: tl.constexpr, CVT: tl.constexpr):
     """Per-key term on tensor cores, per group of SUB pages: [NG, GP, SUB*RP] x block-diagonal
@@ -330,9 +354,7 @@ def _score_pages_kernel(
             qmu = tl.dot(q_lo, mu_lo, out_dtype=tl.int32) + tl.dot(q_hi, mu_hi, out_dtype=tl.int32)
             qmu = qmu.to(tl.float32) * q_weight[:, None] * mu_scale[None, :]
         else:
-            mu_lo = _operand(tl.load(mu_base), QUANT, CVT)
-            mu_hi = _operand(tl.load(mu_base + HALF), QUANT, CVT)
-            qmu = (tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)) * (mu_scale * scale_log2)[None, :]
+            qmu = _centroid_term(q_lo, q_hi, mu_base, mu_scale, scale_log2, HALF, QUANT, CVT)
         qmu = tl.sum(tl.reshape(qmu, (FOLD, GQ, BLOCK_P)), 0)
 
         if R == 0:
@@ -352,14 +374,7 @@ def _score_pages_kernel(
                 proj = tl.dot(q_lo, v_lo, out_dtype=tl.int32) + tl.dot(q_hi, v_hi, out_dtype=tl.int32)
                 proj = proj.to(tl.float32) * q_weight[:, None] * (cs * 0.0625)[None, :]
             else:
-                if QUANT:
-                    vb = tl.load(basis_ptr + row_n[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
-                    v_lo, v_hi = _int4_to_f16(vb, CVT)
-                else:
-                    v_base = basis_ptr + row_n[None, :] * D + k[:, None]
-                    v_lo = _operand(tl.load(v_base, mask=live_r[None, :], other=0.0), False, CVT)
-                    v_hi = _operand(tl.load(v_base + HALF, mask=live_r[None, :], other=0.0), False, CVT)
-                proj = (tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)) * (cs * scale_log2)[None, :]
+                proj = _basis_term(q_lo, q_hi, basis_ptr, row_n, live_r, k, cs, scale_log2, D, QUANT, CVT)
             # proj is in log2-domain logit units: safe in fp16 for the per-key dot
 
             # Each page's coefficients are one contiguous load.

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ._triton import interpreted
-from .score_pages import (BLOCK_PAGES, CONVERSIONS, LN2, MAX_GROUP, _int4_to_f16, _operand, _page_lse,
+from .score_pages import (BLOCK_PAGES, CONVERSIONS, LN2, MAX_GROUP, _basis_term, _centroid_term, _page_lse,
                           _to_dot_dtype, chunk_pages_for)
 
 
@@ -99,22 +99,12 @@ def _score_segments_kernel(
         rec = slot // PAGE * HKV + h
         if BIG:
             rec = rec.to(tl.int64)
-        mu_base = mu_ptr + rec[None, :] * D + k[:, None]
-        mu_scale = tl.load(mu_scale_ptr + rec)
-        mu_lo = _operand(tl.load(mu_base), QUANT, CVT)
-        mu_hi = _operand(tl.load(mu_base + HALF), QUANT, CVT)
-        qmu = (tl.dot(q_lo, mu_lo) + tl.dot(q_hi, mu_hi)) * (mu_scale * scale_log2)[None, :]
+        qmu = _centroid_term(q_lo, q_hi, mu_ptr + rec[None, :] * D + k[:, None], tl.load(mu_scale_ptr + rec),
+                             scale_log2, HALF, QUANT, CVT)
         rec_n = tl.reshape(tl.broadcast_to(rec[:, None], (BLOCK_P, RP)), (BLOCK_P * RP,))
         row_n = rec_n * R + r_n
         cs = tl.load(coef_scale_ptr + row_n, mask=live_r, other=0.0)
-        if QUANT:
-            vb = tl.load(basis_ptr + row_n[None, :] * HALF + k[:, None], mask=live_r[None, :], other=0)
-            v_lo, v_hi = _int4_to_f16(vb, CVT)
-        else:
-            v_base = basis_ptr + row_n[None, :] * D + k[:, None]
-            v_lo = _operand(tl.load(v_base, mask=live_r[None, :], other=0.0), False, CVT)
-            v_hi = _operand(tl.load(v_base + HALF, mask=live_r[None, :], other=0.0), False, CVT)
-        proj = (tl.dot(q_lo, v_lo) + tl.dot(q_hi, v_hi)) * (cs * scale_log2)[None, :]
+        proj = _basis_term(q_lo, q_hi, basis_ptr, row_n, live_r, k, cs, scale_log2, D, QUANT, CVT)
         c_rows = tl.load(coef_ptr + rec[:, None] * (R * PAGE) + e[None, :], mask=(e < R * PAGE)[None, :], other=0)
         s2 = _page_lse(proj, c_rows, CB, CB, BLOCK_P, RP, PAGE, QUANT, CVT) + qmu
         s2 = tl.where(valid[None, :], s2, float("-inf"))
