@@ -200,8 +200,9 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
         # One score launch for the selection to rank; its masses (where the score kernel adds them up for the
         # selection, which clears them) restored before each selection, and the restoring's time taken off.
         dec.selection_state.mass.zero_()
-        *parts, candidates, mass = locks_scores_triton(q, sums[0], *tables, dec.max_pages, sm_scale, cfg,
-                                                       dec.selection_state, dec.candidates, dec.score_options)
+        scored = locks_scores_triton(q, sums[0], *tables, dec.max_pages, sm_scale, cfg, dec.selection_state,
+                                     dec.candidates, dec.score_options)
+        mass = scored.mass
         step_mass = None if mass is None else mass.clone()
 
         def restore_mass():
@@ -216,8 +217,8 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
             for _ in range(layers):
                 restore_mass()
                 sparse = dec.sparse
-                selected_indices_triton(*parts, *tables, sparse.indptr, sparse.indices, sparse.last_page_len, hkv,
-                                        *forced, cfg.budget_pages, dec.selection_state, candidates, mass=mass)
+                selected_indices_triton(scored, *tables, sparse.indptr, sparse.indices, sparse.last_page_len, hkv,
+                                        *forced, cfg.budget_pages, dec.selection_state)
 
         select_ms = graph_ms(select_step, reps) - (0.0 if mass is None else graph_ms(restore_step, reps))
         attend_ms = graph_ms(attend_step, reps)

@@ -21,7 +21,7 @@ import torch
 from sglang_locks.config import LocksConfig
 from sglang_locks.kernels.aggregate_scores import aggregate_scores_triton
 from sglang_locks.kernels.score_pages import chunk_pages_for, score_pages_triton
-from sglang_locks.kernels.selected_indices import SelectionState, selected_indices_triton
+from sglang_locks.kernels.selected_indices import PageScores, SelectionState, selected_indices_triton
 from sglang_locks.selection import select_pages, selected_pages
 
 from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, launch_us, one_layer_inputs
@@ -83,8 +83,8 @@ def main():
         state = SelectionState(hkv, q.device)
         for name, fn in (
             ("aggregate", lambda: aggregate_scores_triton(*scored, lens, *forced)),
-            ("select", lambda: selected_indices_triton(*scored, r2t, rpi, lens, indptr, indices, last_len, *forced,
-                                                       cfg.budget_pages, state)),
+            ("select", lambda: selected_indices_triton(PageScores(*scored), r2t, rpi, lens, indptr, indices, last_len,
+                                                       *forced, cfg.budget_pages, state)),
             ("torch_topk", lambda: select_pages(agg, cfg.budget_pages)),
         ):
             rows.append({"shape": shape, "kernel": name, "us": kernel_us(fn)})

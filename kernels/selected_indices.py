@@ -46,7 +46,7 @@ page.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -334,6 +334,20 @@ def _select_kernel(
                 tl.store(v_cache_ptr + new_at, new_v, mask=writes)
 
 
+class PageScores(NamedTuple):
+    """A score launch's hand-off to the selection: scores [B, Hq, P] (natural-log mass at each logical page, or
+    with candidates in candidate order [B, Hq, M]), per-chunk (max, sum of exp) partials [B, Hq, chunks] (all
+    chunks merged), the prefilter's candidate list [2, >= B * H_kv, M] (None: every sealed page was scored), and
+    mass: float64 [>= B * Hq, slots], each query head's mass that the score kernel added up (SelectionState.mass,
+    no candidates; None: the selection merges the partials)."""
+
+    scores: torch.Tensor
+    part_max: torch.Tensor
+    part_sum: torch.Tensor
+    candidates: Optional[torch.Tensor] = None
+    mass: Optional[torch.Tensor] = None
+
+
 class CacheWrite(NamedTuple):
     """The decode step's keys and values k, v [B, H_kv, d] (unit stride along d), which the selection writes into
     the caches k_cache, v_cache [slots, H_kv, d] (contiguous) at slots loc [B]: the sparse decode after it reads
@@ -534,25 +548,21 @@ def resident_parts(rows: int, parts: int, sms: int, per_sm: int) -> int:
     return max(1, min(parts - 1, per_sm * sms // rows))
 
 
-def selected_indices_triton(scores, part_max, part_sum, req_to_token, req_pool_indices, seq_lens, indptr, indices,
+def selected_indices_triton(scored: PageScores, req_to_token, req_pool_indices, seq_lens, indptr, indices,
                             last_page_len, num_kv_heads, sink_pages, local_pages, mode, budget_pages,
-                            state: SelectionState, candidates: torch.Tensor = None, cache_write: CacheWrite = None,
-                            mass: torch.Tensor = None):
-    """Select and write page entries, from the scoring kernel's outputs.
+                            state: SelectionState, cache_write: CacheWrite = None):
+    """Select and write page entries, from a score launch's PageScores.
 
-    scores [B, Hq, P] and per-chunk partials [B, Hq, chunks] (score_pages_triton,
-    all chunks merged); indptr [B * H_kv + 1] in pages (selection.selected_pages).
-    Writes each row's entries at indptr: its top pages in logical order, then its
-    tail page; and the length of its last page (the tail's, or 16) at
-    last_page_len[row] (int32, >= B * H_kv). With candidates [2, >= B * H_kv, M]
-    (candidate_pages_triton's list), scores are in candidate order [B, Hq, M]
-    and the top pages are chosen among each row's candidates, in candidate
-    (= logical) order. With cache_write, it also writes the step's keys and
-    values into the caches (CacheWrite). With mass (float64 [>= B * Hq,
-    slots], no candidates), each query head's total mass that the score
-    kernel added up there (score_pages_gluon's mass; state.mass) is read
-    instead of the partials, and zeroed for the next launch.
+    indptr [B * H_kv + 1] in pages (selection.selected_pages). Writes each row's
+    entries at indptr: its top pages in logical order, then its tail page; and
+    the length of its last page (the tail's, or 16) at last_page_len[row]
+    (int32, >= B * H_kv). With candidates, the top pages are chosen among each
+    row's candidates, in candidate (= logical) order. With cache_write, it also
+    writes the step's keys and values into the caches (CacheWrite). With mass,
+    each query head's total mass is read instead of the partials, and zeroed
+    for the next launch.
     """
+    scores, part_max, part_sum, candidates, mass = scored
     stage = "pages" if candidates is None else "among_candidates"
     rows = scores.shape[0] * num_kv_heads
     if last_page_len.numel() < rows or last_page_len.dtype != torch.int32:

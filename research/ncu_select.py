@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, "benchmarks")
 from attention_decode import one_layer_inputs
 from sglang_locks.config import LocksConfig
-from sglang_locks.kernels.selected_indices import SelectionState, selected_indices_triton
+from sglang_locks.kernels.selected_indices import PageScores, SelectionState, selected_indices_triton
 from sglang_locks.scoring import score_pages_full
 from sglang_locks.selection import selected_pages
 
@@ -24,6 +24,6 @@ indices = torch.empty(int(indptr[-1]), dtype=torch.int32, device="cuda")
 last_len = torch.empty(hkv, dtype=torch.int32, device="cuda")
 state = SelectionState(hkv, q.device)
 for _ in range(3):
-    selected_indices_triton(*scored, req_to_token, req_pool, seq_lens, indptr, indices, last_len, hkv, cfg.sink_pages,
-                            cfg.local_pages, cfg.gqa_aggregation, cfg.budget_pages, state)
+    selected_indices_triton(PageScores(*scored), req_to_token, req_pool, seq_lens, indptr, indices, last_len, hkv,
+                            cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation, cfg.budget_pages, state)
 torch.cuda.synchronize()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from .config import LocksConfig
-from .kernels.selected_indices import CacheWrite, SelectionState, selected_indices_torch, selected_indices_triton
+from .kernels.selected_indices import (CacheWrite, PageScores, SelectionState, selected_indices_torch,
+                                       selected_indices_triton)
 from .scoring import candidate_buffer, locks_aggregate_torch, locks_scores_triton, prefiltered, score_pages_shared
 from .selection import select_pages, selected_pages
 from .shared_prefix import SharedRuns
@@ -78,17 +79,15 @@ class LocksDecode:
         into the caches, which the sparse decode reads next)."""
         cfg = self.config
         if self.shared_runs is not None and not prefiltered(cfg, self.max_pages):
-            scored, candidates, mass = score_pages_shared(q, summaries, req_to_token, req_pool_indices, seq_lens,
-                                                          self.max_pages, self.sm_scale, self.shared_runs), None, None
+            scored = PageScores(*score_pages_shared(q, summaries, req_to_token, req_pool_indices, seq_lens,
+                                                    self.max_pages, self.sm_scale, self.shared_runs))
         else:
-            *scored, candidates, mass = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens,
-                                                            self.max_pages, self.sm_scale, cfg, self.selection_state,
-                                                            self.candidates, self.score_options)
+            scored = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages,
+                                         self.sm_scale, cfg, self.selection_state, self.candidates, self.score_options)
         sparse = self.sparse
-        selected_indices_triton(*scored, req_to_token, req_pool_indices, seq_lens, sparse.indptr, sparse.indices,
+        selected_indices_triton(scored, req_to_token, req_pool_indices, seq_lens, sparse.indptr, sparse.indices,
                                 sparse.last_page_len, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
-                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, candidates, cache_write,
-                                mass)
+                                cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, cache_write)
 
     def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens,
             new_kv=None):

@@ -22,7 +22,7 @@ from .kernels.score_pages import (BLOCK_PAGES, chunk_pages_for, estimate_block_p
 from .kernels.score_pages_gluon import gluon_applies, score_pages_gluon
 from .kernels.score_pages_gluon_heads import score_pages_gluon_heads
 from .kernels.score_segments import OWN_TILE_ROWS, SHARED_TILE_ROWS, members_per_tile, score_segments_triton
-from .kernels.selected_indices import SelectionState, candidate_pages_triton
+from .kernels.selected_indices import PageScores, SelectionState, candidate_pages_triton
 from .selection import select_pages
 from .shared_prefix import score_segments_of
 from .summaries import PageSummaries
@@ -99,7 +99,7 @@ def score_pages_shared(q, summaries, req_to_token, req_pool_indices, seq_lens, m
 def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
                         config: LocksConfig, state: SelectionState, candidates: torch.Tensor = None,
                         score_options: dict = None):
-    """(scores, part_max, part_sum, candidates, mass) for selected_indices_triton.
+    """The PageScores the selection (selected_indices_triton) reads.
 
     Without the prefilter: score_pages_full's scores [B, Hq, max_pages] and
     partials, candidates None; where the Gluon kernels score MASS_MIN_GROUP
@@ -120,7 +120,7 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
         mass = None
         if opts["kernel"] == "gluon" and q.shape[1] >= MASS_MIN_GROUP * summaries.num_kv_heads:
             mass = opts["mass"] = state.mass
-        return (*score_pages_full(*args, **opts), None, mass)
+        return PageScores(*score_pages_full(*args, **opts), None, mass)
     opts.pop("kernel", None)
     bsz, hq, _ = q.shape
     hkv = summaries.num_kv_heads
@@ -139,7 +139,7 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
     scores = torch.empty(bsz, hq, m, dtype=torch.float32, device=q.device)
     score_pages_triton(*args, terms="candidates", candidates=candidates, estimates=estimates,
                        out=(scores, part_max, part_sum, n_estimate), **opts)
-    return scores, part_max, part_sum, candidates, None
+    return PageScores(scores, part_max, part_sum, candidates)
 
 
 def locks_aggregate_torch(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,

@@ -20,6 +20,7 @@ from sglang_locks.kernels.selected_indices import (
     SelectionState,
     select_pages_by_key_torch,
     selected_indices_torch,
+    PageScores,
     selected_indices_triton,
     PAGE_BLOCK,
     resident_parts,
@@ -83,10 +84,10 @@ def _select(c, scored, hkv, cfg, state, cache_write=None, mass=None):
     indptr, last_page_len = selected_pages(c["seq_lens"].cpu(), hkv, cfg.budget_pages)
     indices = torch.full((int(indptr[-1]) + 5,), -7, dtype=torch.int32, device=device)
     last = torch.full((last_page_len.numel() + 1,), -7, dtype=torch.int32, device=device)
-    selected_indices_triton(*(t.to(device) for t in scored), c["req_to_token"], c["req_pool_indices"], c["seq_lens"],
-                            indptr.to(device), indices, last, hkv, cfg.sink_pages, cfg.local_pages, "mass",
-                            cfg.budget_pages, state, cache_write=cache_write,
-                            mass=None if mass is None else mass.to(device))
+    scored = PageScores(*(t.to(device) for t in scored), mass=None if mass is None else mass.to(device))
+    selected_indices_triton(scored, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices,
+                            last, hkv, cfg.sink_pages, cfg.local_pages, "mass", cfg.budget_pages, state,
+                            cache_write=cache_write)
     assert (indices[int(indptr[-1]) :] == -7).all()  # nothing written past the rows
     assert torch.equal(last[:-1].cpu(), last_page_len) and int(last[-1]) == -7  # each row's last page: tail or 16
     return indptr, indices[: int(indptr[-1])].cpu()
@@ -194,9 +195,9 @@ def test_selection_among_candidates_writes_the_top_candidates_pages(seq_lens, hk
     indices = torch.full((int(indptr[-1]) + 5,), -7, dtype=torch.int32, device=device)
     last = torch.full((rows,), -7, dtype=torch.int32, device=device)
     state = SelectionState(rows, device)
-    selected_indices_triton(scores.to(device), lse.to(device), torch.ones_like(lse).to(device), c["req_to_token"],
-                            c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices, last, hkv,
-                            cfg.sink_pages, cfg.local_pages, "mass", cfg.budget_pages, state, cand.to(device))
+    scored = PageScores(scores.to(device), lse.to(device), torch.ones_like(lse).to(device), cand.to(device))
+    selected_indices_triton(scored, c["req_to_token"], c["req_pool_indices"], c["seq_lens"], indptr.to(device), indices,
+                            last, hkv, cfg.sink_pages, cfg.local_pages, "mass", cfg.budget_pages, state)
     assert not state.hist.any() and not state.arrived.any()
     assert torch.equal(last.cpu(), last_page_len)
     got = indices.cpu()
@@ -337,8 +338,8 @@ def test_driver_confirms_the_selection_grids_resident_programs(rows, width, grou
     monkeypatch.setattr(selected_indices, "resident_blocks", lambda compiled: seen.append(resident_blocks(compiled))
                         or seen[-1])
     indptr = torch.arange(rows + 1, dtype=torch.int32, device=device) * 129
-    selected_indices_triton(scores, partials, partials, table, torch.arange(bsz, device=device), lens, indptr,
-                            torch.empty(rows * 129, dtype=torch.int32, device=device),
+    selected_indices_triton(PageScores(scores, partials, partials), table, torch.arange(bsz, device=device), lens,
+                            indptr, torch.empty(rows * 129, dtype=torch.int32, device=device),
                             torch.empty(rows, dtype=torch.int32, device=device), hkv, 1, 1, "mass", 128,
                             SelectionState(rows, device))
     torch.cuda.synchronize()
