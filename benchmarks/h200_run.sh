@@ -13,9 +13,18 @@
 #   e2e      SGLang decode, FullKV vs --enable-locks (args go to         -> e2e_decode.json, e2e_logs/
 #            e2e_decode.py, e.g. --case synthetic:llama8b:1; the whole plan needs ~20 min: split it;
 #            run through e2e_host_times.py: the worker logs carry per-step host times)
+#   shared   the attention step on shared-prefix batches (stock, cascade, -> attention_shared_prefix.json, ncu.csv
+#            LOCKS, LOCKS with shared runs scored once), then the score
+#            kernels' DRAM bytes at Llama 32 x 96K from Nsight Compute (~3 min)
+#   agents   server throughput under shared-prefix and agent load,       -> agent_serving.json, .png, agent_logs/
+#            FullKV vs LOCKS (~8 min; args go to agent_serving.py)
+#   soak     starts benchmarks/soak.py detached (it outlives the call:    -> soak_start.log
+#            ~10 min with the server's start) and returns; run
+#   soak-collect  in the next call, before the machine is given back:     -> soak.json, soak_server.log
+#            it waits for the soak and collects it (args of soak go to soak.py, e.g. --mode fullkv)
 # GIT_REV is recorded in the JSON headers (the device copy's git metadata can lag the tree).
 set -o pipefail
-phase=${1:?usage: h200_run.sh tests|kernels|server|build|e2e [args...]}
+phase=${1:?usage: h200_run.sh tests|kernels|server|build|e2e|shared|agents|soak|soak-collect [args...]}
 shift
 source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -39,6 +48,28 @@ build)
 e2e)
     # e2e_decode.py, with each step's planning host time in the worker logs
     python3 benchmarks/e2e_host_times.py --out "$OUT/e2e_decode.json" --log-dir "$OUT/e2e_logs" "$@" 2>&1 | tee "$OUT/e2e_decode.log" ;;
+shared)
+    python3 benchmarks/attention_shared_prefix.py --out "$OUT/attention_shared_prefix.json" "$@" 2>&1 \
+        | tee "$OUT/attention_shared_prefix.log"
+    case=llama3.1-8b:32:96K:4K
+    ncu --clock-control none --metrics dram__bytes_read.sum --kernel-name regex:_score_ --launch-count 2 --csv \
+        --page raw --print-units base python3 benchmarks/attention_shared_prefix.py --profile-scoring --case $case \
+        > "$OUT/ncu.csv" && python3 benchmarks/attention_shared_prefix.py --out "$OUT/attention_shared_prefix.json" \
+        --ncu-csv "$OUT/ncu.csv" --case $case ;;
+agents)
+    python3 benchmarks/agent_serving.py --out "$OUT/agent_serving.json" --log-dir "$OUT/agent_logs" "$@" 2>&1 \
+        | tee "$OUT/agent_serving.log"
+    python3 benchmarks/agent_serving.py --plot "$OUT/agent_serving.json" ;;
+soak)
+    rm -rf /tmp/soak && mkdir -p /tmp/soak
+    (cd benchmarks && setsid nohup python3 soak.py --model ../.gpu-kit/llama8b-dummy --duration 490 \
+        --out /tmp/soak/soak.json --log-dir /tmp/soak "$@" > /tmp/soak/run.log 2>&1 < /dev/null &)
+    sleep 5; cat /tmp/soak/run.log | tee "$OUT/soak_start.log" ;;
+soak-collect)
+    while pgrep -f "soak.py --model" > /dev/null; do sleep 5; done
+    cp /tmp/soak/soak.json "$OUT/" 2>/dev/null || echo "no soak.json: see soak_run.log" >&2
+    cp /tmp/soak/run.log "$OUT/soak_run.log"
+    tail -n 400 /tmp/soak/server_soak_*.log > "$OUT/soak_server.log" ;;
 *)
     echo "unknown phase $phase" >&2; exit 2 ;;
 esac
