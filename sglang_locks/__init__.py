@@ -2,7 +2,6 @@
 
 from .config import LocksConfig
 from .decode import LocksDecode, locks_decode_reference
-from .evaluate import evaluate
 from .scoring import score_pages
 from .selection import select_pages
 from .shared_prefix import SharedRuns, shared_runs
@@ -10,5 +9,5 @@ from .sparse_decode import SparseDecodeWrapper
 from .summaries import PageSummaries, summarize_pages, summarize_pages_reference
 
 __all__ = ["LocksConfig", "PageSummaries", "summarize_pages", "summarize_pages_reference", "score_pages", "select_pages",
-           "LocksDecode", "locks_decode_reference", "SparseDecodeWrapper", "SharedRuns", "shared_runs", "evaluate"]
+           "LocksDecode", "locks_decode_reference", "SparseDecodeWrapper", "SharedRuns", "shared_runs"]
 __version__ = "0.1.0"

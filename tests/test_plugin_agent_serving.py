@@ -22,6 +22,11 @@ import agent_trace as at  # noqa: E402
 
 from plugin_helpers import load_sglang_plugins  # noqa: E402
 
+# The kit's dummy model folders exist only where the GPU kit was built (.gpu-kit): these tests read a copy of the
+# Llama-3.1-8B one's config and stand-in tokenizer.
+import e2e_decode  # noqa: E402
+
+at.KIT = e2e_decode.KIT = os.path.join(HERE, "data", "gpu-kit")
 KIT_TOKENIZER = os.path.join(at.KIT, "llama8b-dummy")
 SMALL = dict(agents=3, system_tokens=100, task_tokens=(5, 9), turns=(2, 4), tool_tokens=(10, 30), output_tokens=20,
              max_history=400, seed=3)
