@@ -75,7 +75,10 @@ class Harness:
         return self.req_to_token_pool.req_to_token
 
     def new_request(self) -> int:
-        return self.req_to_token_pool.alloc([SimpleNamespace(req_pool_idx=None)])[0]
+        pool = self.req_to_token_pool
+        if hasattr(pool, "alloc_rows"):  # SGLang >= 0.5.19: rows without a Req (alloc reads req.kv)
+            return pool.alloc_rows(1)[0]
+        return pool.alloc([SimpleNamespace(req_pool_idx=None)])[0]
 
     def keys_for(self, n):
         return torch.randn(n, KV_HEADS, HEAD_DIM, generator=self.gen)

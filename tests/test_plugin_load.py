@@ -130,7 +130,7 @@ def test_start_up_fails_on_an_sglang_version_not_supported(monkeypatch):
     import sglang
 
     monkeypatch.setattr(sglang, "__version__", "0.4.0")
-    with pytest.raises(RuntimeError, match=r"supports SGLang 0\.5\.17, not 0\.4\.0"):
+    with pytest.raises(RuntimeError, match=r"supports SGLang 0\.5\.17 to 0\.5\.23, not 0\.4\.0"):
         _start_locks_backend()
 
 

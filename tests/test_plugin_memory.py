@@ -33,17 +33,33 @@ def test_decoder_bytes_count_each_buffer_the_backend_allocates():
 
 def _planned_kv_bytes(monkeypatch, server_args) -> int:
     """KVCacheConfigurator._profile_available_bytes (hooked) on 20 GiB free, 10 GiB before the model load and a
-    static fraction of 0.9."""
+    static fraction of 0.9, for server_args resolved as the launcher does (ServerArgs.resolve_once, from SGLang
+    0.5.19). Stand-ins for the runtime context it reads, each where this SGLang reads it."""
     import sglang.srt.mem_cache.kv_cache_configurator as kvcm
     import sglang.srt.runtime_context as rc
+    from sglang.srt.configs.model_config import ModelConfig
 
     load_sglang_plugins()
-    monkeypatch.setattr(kvcm, "get_available_gpu_memory", lambda *a, **k: 20.0)
-    monkeypatch.setattr(kvcm, "get_world_group", lambda: SimpleNamespace(world_size=1, cpu_group=None))
-    monkeypatch.setattr(kvcm, "get_schedule", lambda: SimpleNamespace(mem_fraction_static=0.9))
-    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(attn_tp_size=1))
+    if hasattr(server_args, "resolve_once"):
+        server_args.resolve_once()
+    parallel = SimpleNamespace(attn_tp_size=1, world_size=1, launch_world_size=1, cpu_group=None,
+                               world_group=SimpleNamespace(cpu_group=None))
+    prefill_graphs = SimpleNamespace(prefill=SimpleNamespace(full_prefill_max_req=None))
+    stand_ins = {
+        "get_available_gpu_memory": lambda *a, **k: 20.0,
+        "get_world_group": lambda: parallel,  # up to 0.5.20; get_parallel from 0.5.21
+        "get_parallel": lambda: parallel,
+        "get_schedule": lambda: SimpleNamespace(mem_fraction_static=0.9, prefill_max_requests=None),
+        "get_mm": lambda: SimpleNamespace(mm_feature_transport=None),  # from 0.5.19
+        "get_exec": lambda: SimpleNamespace(graph=SimpleNamespace(cuda_graph_config=prefill_graphs)),  # from 0.5.22
+        "get_disagg": lambda: SimpleNamespace(disaggregation_mode="null"),  # from 0.5.22
+    }
+    for name, stand_in in stand_ins.items():
+        if hasattr(kvcm, name):
+            monkeypatch.setattr(kvcm, name, stand_in)
+    monkeypatch.setattr(rc, "get_parallel", lambda: parallel)
     kvc = SimpleNamespace(device="cuda", gpu_id=0, mambaish_config=None, post_capture_kv_active=False,
-                          server_args=server_args, model_config=server_args.get_model_config())
+                          server_args=server_args, model_config=ModelConfig.from_server_args(server_args))
     return kvcm.KVCacheConfigurator._profile_available_bytes(kvc, 10.0)
 
 

@@ -30,7 +30,10 @@ def match(h, token_ids):
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    return h.radix.match_prefix(MatchPrefixParams(key=RadixKey(token_ids))).device_indices
+    result = h.radix.match_prefix(MatchPrefixParams(key=RadixKey(token_ids)))
+    if hasattr(result, "device_indices"):  # up to SGLang 0.5.21
+        return result.device_indices
+    return h.radix.path_device_indices(result.last_device_node)[: result.device_prefix_len]
 
 
 def test_extend_summarises_each_sealed_page_once(h):

@@ -7,12 +7,11 @@ registers hooks; each hook is a no-op unless the server runs with --enable-locks
 from __future__ import annotations
 
 from . import counters, graph_variants, memory, server_args, summary_store
+from .compat import SUPPORTED_SGLANG_VERSIONS, supported_range
 
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 ALLOCATOR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
 DECODE_GRAPHS = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
-
-SUPPORTED_SGLANG_VERSIONS = ("0.5.17",)
 
 # (target, hook, hook type name): everything the plugin patches.
 HOOKS = (
@@ -50,8 +49,7 @@ def check_installed() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     if sglang.__version__ not in SUPPORTED_SGLANG_VERSIONS:
-        raise RuntimeError(f"--enable-locks supports SGLang {', '.join(SUPPORTED_SGLANG_VERSIONS)}, "
-                           f"not {sglang.__version__}")
+        raise RuntimeError(f"--enable-locks supports SGLang {supported_range()}, not {sglang.__version__}")
     missing = [target for target, _, _ in HOOKS if target not in HookRegistry._patched]
     if missing:
         raise RuntimeError(f"--enable-locks: SGLang did not apply the plugin's hooks to {', '.join(missing)} "

@@ -57,9 +57,10 @@ def capture_each_variant(original, runner, *args, **kwargs):
     return None
 
 
-def key_with_variant(original, runner, size, stream_idx=None, variant_label=None):
-    """AROUND hook on DecodeCudaGraphRunner._make_graph_key."""
+def key_with_variant(original, runner, size, stream_idx=None, variant_label=None, *rest, **kwargs):
+    """AROUND hook on DecodeCudaGraphRunner._make_graph_key; rest: SGLang's own attention variant, from 0.5.18
+    (dsa_variant, then attention_variant), passed on as given."""
     backend = _locks_backend(runner)
     if backend is not None:
         variant_label = graph_label(variant_label, backend.variant)
-    return original(runner, size, stream_idx, variant_label)
+    return original(runner, size, stream_idx, variant_label, *rest, **kwargs)

@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..config import PAGE_SIZE, LocksConfig
+from . import compat
 from .server_args import locks_config_of
 from .summary_store import summary_bytes_per_page_per_head
 
@@ -95,7 +96,7 @@ def captured_batch_sizes(server_args) -> Tuple[int, ...]:
     drops the ones above its request slots and adds the slot count below them)."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
-    decode = server_args.cuda_graph_config.decode
+    decode = compat.cuda_graph_config(server_args).decode
     return () if decode.backend == Backend.DISABLED else tuple(decode.bs or ())
 
 

@@ -16,6 +16,7 @@ import re
 from typing import List, Optional, Tuple
 
 from ..config import PAGE_SIZE, SPARSE_DECODE_KERNELS, SUMMARY_PRECISIONS, LocksConfig
+from . import compat
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,9 @@ def _reject_unsupported(ns: argparse.Namespace) -> None:
              "does not drive")
     if ns.disaggregation_mode != "null":
         fail(f"--disaggregation-mode {ns.disaggregation_mode}", "transferred KV arrives without summaries")
+    if compat.metadata_glue_graph_enabled():
+        fail("SGLANG_ENABLE_METADATA_GLUE_GRAPH=1", "it replays the decode step's metadata prep from a CUDA graph, "
+             "without LOCKS's host-side plan (the step's sealed pages and its LOCKS or dense variant)")
 
 
 def from_cli_args_with_locks(original, cls, ns: argparse.Namespace):
@@ -188,8 +192,7 @@ def from_cli_args_with_locks(original, cls, ns: argparse.Namespace):
         # snapshot SGLang's fast write-after-read barrier assumes is the last read.
         os.environ["SGLANG_FORCE_COARSE_WAR_BARRIER"] = "1"
     server_args = original(cls, ns)
-    # ServerArgs is frozen after __post_init__; the attribute is pickled with it.
-    object.__setattr__(server_args, "locks_config", config)
+    compat.set_server_args_attr(server_args, "locks_config", config)  # pickled with it to every process
     if config is not None:
         logger.info("LOCKS enabled: %s", dataclasses.asdict(config))
     return server_args
