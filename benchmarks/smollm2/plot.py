@@ -13,7 +13,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.tiny_lm.plot import _lines  # noqa: E402
+
+def _lines(ax, rows, key, selectors):
+    """key vs budget per selector, each in its own colour in every panel (tiny_lm.plot's colours follow
+    the selectors a panel has)."""
+    for i, spec in enumerate(selectors):
+        pts = sorted((r["budget"], r[key]) for r in rows if r["selector"] == spec and r.get("budget") is not None)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", color=f"C{i}", label=spec)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("token budget")
 
 
 def _at(rows, ctx):
@@ -21,7 +30,7 @@ def _at(rows, ctx):
 
 
 def plot(result: dict, path: str) -> None:
-    selectors = [s for s in result["args"]["selectors"].split(",") if s]  # one order: one colour each
+    selectors = [s for s in result["args"]["selectors"].split(",") if s]
     contexts = sorted({r["context"] for part in ("recall_summary", "loss", "retrieval") for r in result.get(part, [])})
     panels = [("recall_summary", "recall_mean", "attention-mass recall"),
               ("recall_summary", "rel_error_mean", "attention output rel. error"),
