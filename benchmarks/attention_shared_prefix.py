@@ -445,9 +445,11 @@ def bench_case(case: Case, own_lens: List[int], config: LocksConfig, reps: int, 
             cascades[backend] = w
         except Exception as e:  # noqa: BLE001
             errors[backend] = f"{type(e).__name__}: {e}"
-    dec, step = inputs.locks(config)
-    graphs["locks"] = capture(step)
-    graphs["locks_shared"] = capture(inputs.locks(config, shared=True)[1])
+    # A graph holds no reference to the buffers its kernels read: each decoder lives as long as its graph.
+    decoders = {}
+    for name, shared in (("locks", False), ("locks_shared", True)):
+        decoders[name], step = inputs.locks(config, shared)
+        graphs[name] = capture(step)
     scores = {}
     for name, shared in (("score_per_request", False), ("score_shared", True)):
         step, scores[name] = inputs.scoring(shared)
@@ -465,7 +467,8 @@ def bench_case(case: Case, own_lens: List[int], config: LocksConfig, reps: int, 
     cascade_diff = {b: (w.run(inputs.q, inputs.paged(0)).float() - ref).abs().max().item() for b, w in cascades.items()}
     # Random inputs: independent queries give the overlap of unrelated selections, one query repeated for every
     # request about the most that sharing a prefix could give; real queries lie between.
-    overlap = {name: selection_overlap(*selected_entries(dec, inputs, batch, q), inputs.hkv, batch.shared_pages)
+    overlap = {name: selection_overlap(*selected_entries(decoders["locks"], inputs, batch, q), inputs.hkv,
+                                       batch.shared_pages)
                for name, q in (("independent_queries", inputs.q),
                                ("identical_queries", inputs.q[:1].expand_as(inputs.q).contiguous()))}
 
