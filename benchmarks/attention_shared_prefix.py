@@ -430,7 +430,8 @@ def selected_entries(dec, inputs: DeviceInputs, batch: SharedPrefixBatch, q: tor
 
 
 def bench_case(case: Case, own_lens: List[int], config: LocksConfig, reps: int, rounds: int, kv_cap_gib: float,
-               summary_cap_gib: float) -> dict:
+               summary_cap_gib: float, prefiltered: LocksConfig = None) -> dict:
+    """prefiltered: a config with the prefilter on, timed as mode locks_prefilter beside the others (None: not)."""
     batch = shared_prefix_batch(case.shared_tokens, own_lens)
     inputs = DeviceInputs(case.shape, batch, config, kv_cap_gib, summary_cap_gib)
     graphs, cascades, errors = {}, {}, {}
@@ -447,8 +448,11 @@ def bench_case(case: Case, own_lens: List[int], config: LocksConfig, reps: int, 
             errors[backend] = f"{type(e).__name__}: {e}"
     # A graph holds no reference to the buffers its kernels read: each decoder lives as long as its graph.
     decoders = {}
-    for name, shared in (("locks", False), ("locks_shared", True)):
-        decoders[name], step = inputs.locks(config, shared)
+    variants = [("locks", config, False), ("locks_shared", config, True)]
+    if prefiltered is not None:
+        variants.append(("locks_prefilter", prefiltered, False))
+    for name, cfg, shared in variants:
+        decoders[name], step = inputs.locks(cfg, shared)
         graphs[name] = capture(step)
     scores = {}
     for name, shared in (("score_per_request", False), ("score_shared", True)):
@@ -482,6 +486,11 @@ def bench_case(case: Case, own_lens: List[int], config: LocksConfig, reps: int, 
         "stock_ms": ms["stock"], "cascade_ms": best_cascade, "cascade_ms_by_backend": cascade_ms,
         "cascade_errors": errors, "locks_ms": ms["locks"], "ms_rounds": times,
         "locks_shared_ms": ms["locks_shared"],
+        "locks_prefilter_ms": ms.get("locks_prefilter"),
+        "prefilter": 0 if prefiltered is None else prefiltered.prefilter,
+        "prefilter_rank": 0 if prefiltered is None else prefiltered.prefilter_rank,
+        "locks_prefilter_vs_cascade": (None if best_cascade is None or prefiltered is None
+                                       else best_cascade / ms["locks_prefilter"]),
         "locks_shared_vs_cascade": None if best_cascade is None else best_cascade / ms["locks_shared"],
         "score_per_request_ms": ms["score_per_request"], "score_shared_ms": ms["score_shared"],
         "score_shared_max_abs_diff": score_diff,
@@ -509,12 +518,19 @@ def add_floors(row: dict, copy_gbs: float) -> None:
     row["floor_locks_once_ms"] = row["bytes_locks_once"] / copy_gbs / 1e6
 
 
-def profile_scoring(case: Case, own_lens: List[int], config: LocksConfig) -> None:
-    """One LOCKS step of all layers, eagerly, for ncu to profile its score launches (one distinct layer of KV and
-    summaries: ncu flushes the caches before each profiled launch)."""
+PROFILE_MODES = ("locks", "locks_shared", "locks_prefilter")
+
+
+def profile_scoring(case: Case, own_lens: List[int], config: LocksConfig, mode: str = "locks",
+                    prefiltered: LocksConfig = None) -> None:
+    """One step of all layers of mode (PROFILE_MODES; locks_prefilter runs prefiltered), eagerly, for ncu to
+    profile its score launches (one distinct layer of KV and summaries: ncu flushes the caches before each
+    profiled launch)."""
     batch = shared_prefix_batch(case.shared_tokens, own_lens)
     inputs = DeviceInputs(case.shape, batch, config, kv_cap_gib=0, summary_cap_gib=0)
-    _, step = inputs.locks(config)
+    if mode == "locks_prefilter" and prefiltered is None:
+        raise ValueError("--profile-mode locks_prefilter needs --prefilter > 0")
+    _, step = inputs.locks(prefiltered if mode == "locks_prefilter" else config, shared=mode == "locks_shared")
     step()
     torch.cuda.synchronize()
     print(f"profiled one LOCKS step of {case.key} ({inputs.layers} score launches)", file=sys.stderr)
@@ -536,6 +552,9 @@ def parse_args(argv=None):
                     help="each request's own tokens: own_tokens + a seeded uniform integer in [-spread, spread]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=int, default=2048, help="LOCKS token budget")
+    ap.add_argument("--prefilter", type=int, default=8,
+                    help="also time LOCKS with --locks-prefilter F (mode locks_prefilter; 0: not)")
+    ap.add_argument("--prefilter-rank", type=int, default=2, help="its --locks-prefilter-rank")
     ap.add_argument("--reps", type=int, default=10, help="graph replays timed per mode and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the modes taking turns")
     ap.add_argument("--kv-cap-gib", type=float, default=48, help="KV of at most this many GiB (layers cycle past it)")
@@ -543,6 +562,7 @@ def parse_args(argv=None):
     ap.add_argument("--time-limit", type=float, default=200, help="seconds; later cases are skipped")
     ap.add_argument("--profile-scoring", action="store_true",
                     help="run one LOCKS step of the one --case eagerly (wrap in ncu; see above) and exit")
+    ap.add_argument("--profile-mode", choices=PROFILE_MODES, default="locks", help="the step --profile-scoring runs")
     ap.add_argument("--ncu-csv", help="ncu --csv --page raw output of --profile-scoring: add its scoring DRAM bytes "
                                       "to the --out row of the one --case, and exit")
     ap.add_argument("--ncu-kernel-regex", default="score", help="kernels of --ncu-csv counted as the scoring")
@@ -559,6 +579,13 @@ def parse_args(argv=None):
             args.config = LocksConfig(token_budget=args.budget)
         except ValueError as e:
             raise ValueError(f"--budget: {e}") from None
+        args.prefiltered = None
+        if args.prefilter:
+            try:
+                args.prefiltered = dataclasses.replace(args.config, prefilter=args.prefilter,
+                                                       prefilter_rank=args.prefilter_rank)
+            except ValueError as e:
+                raise ValueError(f"--prefilter / --prefilter-rank: {e}") from None
     except ValueError as e:
         ap.error(str(e))
     return args
@@ -578,7 +605,7 @@ def main(argv=None):
               f"{row['scoring_dram_vs_summary_once']:.2f}x the summaries read once")
         return
     if args.profile_scoring:
-        profile_scoring(args.cases[0], args.own_lens[0], args.config)
+        profile_scoring(args.cases[0], args.own_lens[0], args.config, args.profile_mode, args.prefiltered)
         return
     import flashinfer
 
@@ -595,7 +622,8 @@ def main(argv=None):
             skipped.append(case.key)
             continue
         t_case = time.time()
-        row = bench_case(case, own_lens, args.config, args.reps, args.rounds, args.kv_cap_gib, args.summary_cap_gib)
+        row = bench_case(case, own_lens, args.config, args.reps, args.rounds, args.kv_cap_gib, args.summary_cap_gib,
+                         args.prefiltered)
         torch.cuda.empty_cache()  # the case's buffers, freed on return
         row.update(own_spread=args.own_spread, seed=args.seed)
         add_floors(row, header["copy_bandwidth_gbs"])
@@ -605,7 +633,8 @@ def main(argv=None):
               f"locks {row['locks_ms']:.2f} ms (locks {row['locks_vs_cascade'] or float('nan'):.2f}x cascade, "
               f"{row['locks_vs_stock']:.1f}x stock); selected pages {ov['shared_fraction']:.0%} shared, "
               f"{ov['shared_once_fraction']:.0%} distinct; locks with shared runs scored once "
-              f"{row['locks_shared_ms']:.2f} ms; scoring alone {row['score_per_request_ms']:.2f} ms, "
+              f"{row['locks_shared_ms']:.2f} ms; with the prefilter {row['locks_prefilter_ms'] or float('nan'):.2f} ms; "
+              f"scoring alone {row['score_per_request_ms']:.2f} ms, "
               f"shared runs once {row['score_shared_ms']:.2f} ms (max diff {row['score_shared_max_abs_diff']:.1e}); "
               f"{time.time() - t_case:.0f} s", flush=True)
         with open(args.out, "w") as f:

@@ -245,3 +245,18 @@ def test_cli_help_and_ncu_merge_run_without_a_gpu(tmp_path):
     run = subprocess.run([sys.executable, script, "--case", "llama3.1-8b:32:96K:4K", "--case", "glm4-9b-1m:1:32:4",
                           "--profile-scoring", "--own-spread", "0"], capture_output=True, text=True, env=env)
     assert run.returncode == 2 and "exactly one --case" in run.stderr
+
+
+def test_the_prefilter_mode_is_configured_from_its_flags():
+    args = asp.parse_args(["--prefilter", "4", "--prefilter-rank", "2", "--case", "llama3.1-8b:4:32K:1K"])
+    assert (args.prefiltered.prefilter, args.prefiltered.prefilter_rank) == (4, 2)
+    assert args.prefiltered.token_budget == args.config.token_budget and args.config.prefilter == 0
+    assert asp.parse_args(["--prefilter", "0", "--case", "llama3.1-8b:4:32K:1K"]).prefiltered is None
+
+
+@pytest.mark.parametrize("argv, message", [(["--prefilter", "-1"], "--prefilter"),
+                                           (["--prefilter-rank", "9"], "--prefilter-rank")])
+def test_bad_prefilter_flags_name_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        asp.parse_args(argv + ["--case", "llama3.1-8b:4:32K:1K"])
+    assert e.value.code == 2 and message in capsys.readouterr().err
