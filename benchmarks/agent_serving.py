@@ -7,7 +7,8 @@ On the H200, from the repository root (after the kit's install, as benchmarks/h2
 
 One ``sglang.launch_server`` process at a time on one GPU (dummy weights, loopback), per mode: FullKV is
 ``--attention-backend flashinfer --page-size 16``, LOCKS the same flags plus ``--enable-locks
---locks-token-budget 2048``; both ``--context-length 131072 --mem-fraction-static 0.85
+--locks-token-budget 2048`` (``--modes locks_prefilter``: also ``--locks-prefilter 8
+--locks-prefilter-rank 2``); all ``--context-length 131072 --mem-fraction-static 0.85
 --cuda-graph-max-bs-decode 64 --disable-prefill-cuda-graph --enable-metrics``. Each case is one
 ``python -m sglang.bench_serving`` run against it, bounded by its prompt count and ``--run-timeout``:
 
@@ -81,7 +82,11 @@ from soak import metric  # noqa: E402
 from sglang_locks.config import PAGE_SIZE  # noqa: E402
 
 GSP, AGENTIC = "generated-shared-prefix", "agentic-trace"
-MODES = ("fullkv", "locks")
+MODES = ("fullkv", "locks", "locks_prefilter")
+DEFAULT_MODES = ("fullkv", "locks")
+# locks_prefilter: --locks-prefilter F --locks-prefilter-rank R on top of locks (every page estimated from its
+# centroid and first R ranks, F x budget pages a row scored in full).
+PREFILTER, PREFILTER_RANK = 8, 2
 DEFAULT_OUT = os.path.join(HERE, "results", "agent_serving.json")
 AGENT_TRACE = dict(TRACE_DEFAULTS, agents=8, system_tokens=32768, turns=(10, 14), max_history=81920)
 WARMUP_TOKENS, WARMUP_OUTPUT = 4096, 32
@@ -122,7 +127,12 @@ def server_flags(model: str, mode: str, context_length: int, budget: int) -> Lis
     flags = ["--model-path", model, "--load-format", "dummy", "--attention-backend", "flashinfer", "--page-size",
              str(PAGE_SIZE), "--context-length", str(context_length), "--mem-fraction-static", "0.85",
              "--cuda-graph-max-bs-decode", "64", "--disable-prefill-cuda-graph", "--enable-metrics"]
-    return flags + (["--enable-locks", "--locks-token-budget", str(budget)] if mode == "locks" else [])
+    if mode == "fullkv":
+        return flags
+    flags += ["--enable-locks", "--locks-token-budget", str(budget)]
+    if mode == "locks_prefilter":
+        flags += ["--locks-prefilter", str(PREFILTER), "--locks-prefilter-rank", str(PREFILTER_RANK)]
+    return flags
 
 
 def bench_command(case: Case, model: str, port: int, result_file: str, seed: int, trace: Optional[str] = None,
@@ -343,7 +353,8 @@ def parse_args(argv):
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--plot", metavar="JSON", help="only draw JSON's output throughput vs concurrency next to it (.png)")
     p.add_argument("--shape", choices=sorted(MODELS), default="llama8b")
-    p.add_argument("--modes", type=_modes, default=list(MODES), help="fullkv,locks or one of them")
+    p.add_argument("--modes", type=_modes, default=list(DEFAULT_MODES),
+                   help=f"a comma-separated subset of {','.join(MODES)} (default {','.join(DEFAULT_MODES)})")
     p.add_argument("--gsp-system-lens", type=_ints, default=[100000], help="system prompt tokens, e.g. 32768,100000")
     p.add_argument("--gsp-groups", type=_groups, default=[(1, 32)], help="GROUPSxPROMPTS per group, e.g. 1x32,4x8")
     p.add_argument("--gsp-concurrency", type=_ints, default=[32, 8])

@@ -15,7 +15,6 @@ rows record how many.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -31,7 +30,7 @@ from sglang_locks.config import LocksConfig
 from sglang_locks.decode import LocksDecode
 from sglang_locks.kernels import _triton
 from sglang_locks.kernels.score_pages import estimate_block_pages, score_chunks, score_pages_triton
-from sglang_locks.kernels.selected_indices import candidate_pages_triton, selected_indices_triton
+from sglang_locks.kernels.page_selection import candidate_pages_triton, selected_indices_triton
 from sglang_locks.scoring import locks_scores_triton, prefiltered
 from sglang_locks.selection import selected_lengths
 from sglang_locks.summaries import PageSummaries
@@ -114,18 +113,7 @@ def one_layer_inputs(shape: str, context: int = None):
     return (q, summaries, req_to_token, req_pool, seq_lens, pages, d**-0.5), moved
 
 
-def fastest_score_options(sweep_json: str) -> dict:
-    """shape -> launch options of the fastest score kernel in a score_sweep.py result."""
-    best = {}
-    for r in json.load(open(sweep_json))["rows"]:
-        if r["kernel"] == "score" and "us" in r and r["us"] < best.get(r["shape"], {}).get("us", float("inf")):
-            best[r["shape"]] = r
-    keys = ("block_pages", "num_warps", "num_stages", "int_conversion", "maxnreg")
-    return {shape: {k: r[k] for k in keys if k in r} for shape, r in best.items()}
-
-
-def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score_options=None, prefilters=(0,),
-               prefilter_rank=0):
+def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, prefilters=(0,), prefilter_rank=0):
     """One row per prefilter setting, all against the same dense measurement."""
     layers, hkv, hq, d = SHAPES[shape]
     slots = bsz * context + 16  # page 0 stays unused, as in SGLang
@@ -177,7 +165,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
     rows = []
     for prefilter in prefilters:
         cfg = dataclasses.replace(base, prefilter=prefilter, prefilter_rank=prefilter_rank)
-        dec = LocksDecode(cfg, workspace, hq, hkv, d, bsz, use_cuda_graph=True, score_options=score_options)
+        dec = LocksDecode(cfg, workspace, hq, hkv, d, bsz, use_cuda_graph=True)
         dec.plan(seq_lens_cpu, torch.bfloat16, torch.bfloat16, sm_scale)
         forced = (cfg.sink_pages, cfg.local_pages, cfg.gqa_aggregation)
 
@@ -188,7 +176,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
         def score_step():  # prefiltered: the centroid launch, the candidates' selection and their full scores
             for layer in range(layers):
                 locks_scores_triton(q, sums[layer % n_sum], *tables, dec.max_pages, sm_scale, cfg,
-                                    dec.selection_state, dec.candidates, dec.score_options)
+                                    dec.selection_state, dec.candidates)
 
         def attend_step():
             for layer in range(layers):
@@ -201,7 +189,7 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
         # selection, which clears them) restored before each selection, and the restoring's time taken off.
         dec.selection_state.mass.zero_()
         scored = locks_scores_triton(q, sums[0], *tables, dec.max_pages, sm_scale, cfg, dec.selection_state,
-                                     dec.candidates, dec.score_options)
+                                     dec.candidates)
         mass = scored.mass
         step_mass = None if mass is None else mass.clone()
 
@@ -249,26 +237,16 @@ def bench_case(shape, bsz, context, budget, reps, kv_cap_gib, sum_cap_gib, score
             "bytes_locks_parts": {"summaries": summary_bytes, "estimates": estimate_bytes, "page_ids": page_id_bytes,
                                   "selected_kv": selected_kv_bytes, "indices": index_bytes,
                                   "score_intermediates": score_io_bytes},
-            "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum, "score_options": dec.score_options,
+            "distinct_kv_layers": n_kv, "distinct_summary_layers": n_sum,
         })
     return rows
 
 
-@contextlib.contextmanager
 def score_launched_alone():
     """The score kernels without programmatic dependent launch: launched back to back, each layer's programs
     would start beside the last layer's, which the decode step, whose score kernel follows a short merge, does not
     see (Llama-3.1-8B 128K bs=1: 0.667 against 0.574 ms a step, docs/performance.md)."""
-    keep = os.environ.get(_triton.PDL_ENV)
-    chain = _triton._dependent_kernels(keep or "1")
-    os.environ[_triton.PDL_ENV] = ",".join(k for k in chain if not k.startswith("score")) or "0"
-    try:
-        yield
-    finally:
-        if keep is None:
-            del os.environ[_triton.PDL_ENV]
-        else:
-            os.environ[_triton.PDL_ENV] = keep
+    return _triton.dependent_kernels(tuple(k for k in _triton.DEPENDENT_KERNELS if not k.startswith("score")))
 
 
 def prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps) -> dict:
@@ -295,8 +273,7 @@ def prefilter_split_ms(q, sums, n_sum, tables, dec, cfg, layers, reps) -> dict:
 
     def full():
         for layer in range(layers):
-            score_pages_triton(q, sums[layer % n_sum], *args, terms="candidates", candidates=cand, estimates=scores,
-                               **dec.score_options)
+            score_pages_triton(q, sums[layer % n_sum], *args, terms="candidates", candidates=cand, estimates=scores)
 
     return {name: graph_ms(f, reps) for name, f in (("estimate", estimate), ("candidate_select", candidates),
                                                      ("candidate_score", full))}
@@ -318,10 +295,7 @@ def main():
     ap.add_argument("--summary-cap-gib", type=float, default=24)
     ap.add_argument("--max-kv-tokens", type=int, default=4 << 20, help="skip cases with more tokens in the batch")
     ap.add_argument("--time-limit", type=float, default=400, help="seconds; later cases are skipped")
-    ap.add_argument("--score-options-from", help="a score_sweep.py JSON: score with each shape's fastest launch options "
-                    "(default: the kernel's defaults)")
     args = ap.parse_args()
-    score_options = fastest_score_options(args.score_options_from) if args.score_options_from else {}
     prefilters = [int(x) for x in args.prefilters.split(",") if x]
     t0 = time.time()
     # GIT_REV first: the device machine's copy of the checkout can carry stale git metadata.
@@ -342,7 +316,7 @@ def main():
                     skipped.append(case)
                     continue
                 case_rows = bench_case(shape, bsz, ctx, args.budget, args.reps, args.kv_cap_gib, args.summary_cap_gib,
-                                       score_options.get(shape), prefilters, args.prefilter_rank)
+                                       prefilters, args.prefilter_rank)
                 torch.cuda.empty_cache()  # the case's buffers, freed on return
                 if not case_rows:
                     skipped.append(case)

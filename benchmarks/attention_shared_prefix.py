@@ -202,7 +202,7 @@ def step_bytes(shape: str, batch: SharedPrefixBatch, config: LocksConfig) -> dic
 # ---------------------------------------------------------------------------------------------- overlap (CPU)
 def selection_overlap(indptr: torch.Tensor, indices: torch.Tensor, num_kv_heads: int, shared_pages) -> dict:
     """How much one layer's selected pages (rows request * H_kv + head; entry slot * H_kv + head, slot the page's
-    first token, as selected_indices writes them) lie in the shared prefix, and how many distinct shared pages
+    first token, as selected_indices_triton writes them) lie in the shared prefix, and how many distinct shared pages
     the requests select per KV head against the sum over requests: what attending each selected shared page
     once per step would save."""
     indptr, indices = indptr.long().cpu(), indices.long().cpu()
@@ -422,7 +422,7 @@ def median(values):
 
 def selected_entries(dec, inputs: DeviceInputs, batch: SharedPrefixBatch, q: torch.Tensor):
     """(indptr, indices) on the CPU of layer 0's selection: LocksDecode.run leaves the rows' page entries in
-    dec.sparse (selected_indices writes them, the sparse decode reads them)."""
+    dec.sparse (selected_indices_triton writes them, the sparse decode reads them)."""
     dec.run(q, inputs.ks[0], inputs.vs[0], inputs.sums[0], *inputs.tables)
     rows = batch.requests * inputs.hkv
     indptr = dec.sparse.indptr[: rows + 1].cpu()

@@ -4,8 +4,8 @@
 #   GIT_REV=$(git rev-parse --short HEAD) bash benchmarks/h200_run.sh PHASE [args...]
 #
 #   tests    GPU tests of the core library (~3 min)                     -> gpu_tests.log
-#   kernels  score-kernel sweep, then the attention step of all layers  -> score_sweep.json, attention_decode.json
-#            with each shape's fastest score kernel (~5 min; args go to attention_decode.py)
+#   kernels  the Triton score kernel's launch sweep, then the attention  -> score_sweep.json, attention_decode.json
+#            step of all layers as the server runs it (~5 min; args go to attention_decode.py)
 #   server   the SGLang server test: greedy equality, long contexts,    -> server_gpu.log, server logs
 #            shared-prefix reuse (~3.5 min)
 #   build    summary-build benchmark, then the host time of a decode     -> summary_build.json, flush_host_time.log
@@ -23,9 +23,14 @@
 #            ~10 min with the server's start) and returns; run
 #   soak-collect  in the next call, before the machine is given back:     -> soak.json, soak_server.log
 #            it waits for the soak and collects it (args of soak go to soak.py, e.g. --mode fullkv)
+#   suite    RULER-style long-context tasks on the tiny LM, FullKV vs     -> long_context_suite.json, .log, suite_logs/
+#            LOCKS at budgets 256/1024/2048 (~6 min; args go to long_context_suite.py)
+#   audit    the recall audit (--locks-audit-every 64) in a tiny-LM       -> audit_server.json, audit_logs/
+#            server with CUDA graphs: /metrics shows it, greedy tokens
+#            as without it, decode throughput with it vs off (~6 min; args go to audit_server.py)
 # GIT_REV is recorded in the JSON headers (the device copy's git metadata can lag the tree).
 set -o pipefail
-phase=${1:?usage: h200_run.sh tests|kernels|server|build|e2e|shared|agents|soak|soak-collect [args...]}
+phase=${1:?usage: h200_run.sh tests|kernels|server|build|e2e|shared|agents|suite|audit|soak|soak-collect [args...]}
 shift
 source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -38,8 +43,8 @@ tests)
     python3 -m pytest -q -rs tests --ignore=tests/test_server_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
 kernels)
     (cd benchmarks && python3 score_sweep.py --out "$OUT/score_sweep.json") 2>&1 | tee "$OUT/score_sweep.log"
-    (cd benchmarks && python3 attention_decode.py --out "$OUT/attention_decode.json" \
-        --score-options-from "$OUT/score_sweep.json" "$@") 2>&1 | tee "$OUT/attention_decode.log" ;;
+    (cd benchmarks && python3 attention_decode.py --out "$OUT/attention_decode.json" "$@") 2>&1 \
+        | tee "$OUT/attention_decode.log" ;;
 server)
     mkdir -p "$OUT/server"
     OUT="$OUT/server" python3 -m pytest -q -rs tests/test_server_gpu.py 2>&1 | tee "$OUT/server_gpu.log" ;;
@@ -78,6 +83,19 @@ soak-collect)
     cp /tmp/soak/soak.json "$OUT/" 2>/dev/null || echo "no soak.json: see soak_run.log" >&2
     cp /tmp/soak/run.log "$OUT/soak_run.log"
     tail -n 400 /tmp/soak/server_soak_*.log > "$OUT/soak_server.log" ;;
+suite)
+    # one server per configuration; every LOCKS decode step sparse (the default would decode these short batches densely)
+    locks="--enable-locks --locks-min-step-tokens 0 --locks-token-budget"
+    python3 benchmarks/long_context_suite.py --model benchmarks/models/tiny-llama-pycode --styles ruler,python \
+        --samples 12 --common-flags "--attention-backend flashinfer --page-size 16 --mem-fraction-static 0.5" \
+        --config "dense=" --config "locks budget 256=$locks 256" --config "locks budget 1024=$locks 1024" \
+        --config "locks budget 2048=$locks 2048" --out "$OUT/long_context_suite.json" --log-dir "$OUT/suite_logs" \
+        "$@" 2>&1 | tee "$OUT/long_context_suite.log" ;;
+audit)
+    # the recall audit in a server (tiny LM, CUDA graphs): /metrics, greedy tokens and decode speed, N=64 vs off
+    python3 -c "import prometheus_client" || { echo "audit: prometheus_client missing (--enable-metrics)" >&2; exit 1; }
+    python3 benchmarks/audit_server.py --out "$OUT/audit_server.json" --log-dir "$OUT/audit_logs" "$@" 2>&1 \
+        | tee "$OUT/audit_server.log" ;;
 *)
     echo "unknown phase $phase" >&2; exit 2 ;;
 esac

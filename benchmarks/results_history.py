@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HISTORY = os.path.join(REPO, "benchmarks", "results", "history.csv")
 COLUMNS = ("benchmark", "case", "figures", "git", "gpu", "date", "source")
 # Integer fields that say which case a row is rather than what it measured.
-CASE_KEYS = {"batch", "bs", "context", "budget", "group", "hkv", "hq", "pages", "rank", "prefilter", "prefilter_rank",
+CASE_KEYS = {"batch", "bs", "context", "context_len", "budget", "group", "hkv", "hq", "pages", "rank", "prefilter", "prefilter_rank",
              "block_pages", "num_warps", "num_stages", "chunk_pages", "maxnreg", "programs_per_sm", "process",
              "device_call", "call", "run", "pairs", "stages", "split", "tile", "layers", "queries_per_layer", "n",
              "secrets", "samples", "processes", "head_dim", "rep", "round", "repeat"}

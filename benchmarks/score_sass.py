@@ -51,7 +51,7 @@ def load_module(path):
 
 def compile_score_kernel(module, group, kv_heads, conversion, num_warps=2, num_stages=3, maxnreg=None, block_pages=None,
                          terms="full"):
-    """The score kernel for sm_90 (int8-int4-int8 summaries, head_dim 128, rank 8); conversion: ptx, int8 or cast;
+    """The score kernel for sm_90 (int8-int4-int8 summaries, head_dim 128, rank 8); conversion: ptx or int8;
     terms: what a launch scores (score_pages.TERMS), in revisions that have it."""
     fn = module._score_pages_kernel
     idot = conversion == "int8"
@@ -84,7 +84,7 @@ def compile_gluon_kernel(group, kv_heads, index="*i32", heads_on_rows=None):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from sglang_locks.kernels import score_pages_gluon as m, score_pages_gluon_heads as heads
-    from sglang_locks.kernels.selected_indices import MASS_SLOTS
+    from sglang_locks.kernels.page_selection import MASS_SLOTS
     from sglang_locks.scoring import MASS_MIN_GROUP
 
     heads_on_rows = group == 16 if heads_on_rows is None else heads_on_rows
@@ -131,7 +131,7 @@ def opcode(ins: str) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="llama3.1-8b", choices=sorted(SHAPES))
-    ap.add_argument("--int-conversion", default="int8", choices=["int8", "ptx", "cast"])
+    ap.add_argument("--int-conversion", default="int8", choices=["int8", "ptx"])
     ap.add_argument("--num-warps", type=int, help="default (and --num-stages, --maxnreg): the launcher's")
     ap.add_argument("--num-stages", type=int)
     ap.add_argument("--maxnreg", type=int, help="0: no cap")

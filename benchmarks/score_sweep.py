@@ -21,7 +21,7 @@ import torch
 from sglang_locks.config import LocksConfig
 from sglang_locks.kernels.aggregate_scores import aggregate_scores_triton
 from sglang_locks.kernels.score_pages import chunk_pages_for, score_pages_triton
-from sglang_locks.kernels.selected_indices import PageScores, SelectionState, selected_indices_triton
+from sglang_locks.kernels.page_selection import PageScores, SelectionState, selected_indices_triton
 from sglang_locks.selection import select_pages, selected_pages
 
 from attention_decode import ONE_LAYER_CONTEXTS, copy_bandwidth_gbs, launch_us, one_layer_inputs

@@ -24,7 +24,7 @@ import torch
 
 import sglang_locks.evaluate as evaluate_module
 from sglang_locks.kernels.aggregate_scores import KEY_RANGE, KEY_SCALE
-from sglang_locks.kernels.selected_indices import select_pages_by_key_torch
+from sglang_locks.kernels.page_selection import select_pages_by_key_torch
 from sglang_locks.selection import select_pages
 from sglang_locks.synthetic import structured_kv
 

@@ -1,5 +1,6 @@
 """What every launch wrapper needs to know about the Triton runtime."""
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -10,21 +11,19 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# Programmatic dependent launch of the decode chain (score -> select -> attend -> merge): SGLANG_LOCKS_PDL=0 off,
-# 1 (default) for DEPENDENT_KERNELS, or a comma-separated list of CHAIN_KERNELS. "score" is the Gluon score kernel
-# (score_pages_gluon), "score_heads" its form for 16 query heads per KV head (score_pages_gluon_heads).
-PDL_ENV = "SGLANG_LOCKS_PDL"
+from ..environment import read_environment
+
+# The decode chain (score -> select -> attend -> merge). "score" is the Gluon score kernel (score_pages_gluon),
+# "score_heads" its form for 16 query heads per KV head (score_pages_gluon_heads).
 CHAIN_KERNELS = ("score", "score_heads", "select", "attend", "merge")
-# Launched so by default where that measured faster on the H200: the score kernel, the sparse decode and its
+# Launched as dependents where that measured faster on the H200: the score kernel, the sparse decode and its
 # merge; the selection and the heads score kernel measured slower (docs/performance.md).
 DEPENDENT_KERNELS = ("score", "attend", "merge")
-
-
-# SGLANG_LOCKS_L2_KEEP=1 (default) stores the outputs that the next kernel of the decode chain reads (the score
-# kernel's scores and partials, the sparse decode's parts) with L2 policy evict-last, so that the selection finds
-# them in L2 rather than evicted by the layer's stream of page summaries; 0 stores them with the default policy.
-# (Loads read once a step cannot be marked evict-first instead: Triton's and Gluon's cp.async drop the hint.)
-L2_KEEP_ENV = "SGLANG_LOCKS_L2_KEEP"
+# The outputs that the next kernel of the decode chain reads (the score kernel's scores and partials, the sparse
+# decode's parts) are stored evict-last, so that it finds them in L2 rather than evicted by the layer's stream of
+# page summaries. (Loads read once a step cannot be marked evict-first instead: cp.async drops the hint.)
+L2_KEEP = "evict_last"
+_dependent_override = None  # dependent_kernels()
 
 
 def interpreted() -> bool:
@@ -76,31 +75,33 @@ def _sm90_or_later(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-@functools.lru_cache(maxsize=None)
-def _dependent_kernels(value: str) -> tuple:
-    kernels = {"0": (), "1": DEPENDENT_KERNELS}.get(value, tuple(value.split(",")))
+@contextlib.contextmanager
+def dependent_kernels(kernels: tuple):
+    """Within: exactly these kernels of CHAIN_KERNELS launch as dependents, whatever the environment (tests of
+    every combination, benchmarks timing a kernel without the overlap)."""
+    global _dependent_override
     if set(kernels) - set(CHAIN_KERNELS):
-        raise ValueError(f"{PDL_ENV} must be 0, 1 or a comma-separated list of {CHAIN_KERNELS}, got {value!r}")
-    return kernels
+        raise ValueError(f"kernels must be among {CHAIN_KERNELS}, got {kernels}")
+    before, _dependent_override = _dependent_override, tuple(kernels)
+    try:
+        yield
+    finally:
+        _dependent_override = before
 
 
 def dependent_launch(device: torch.device, kernel: str) -> dict:
     """Launch options of a kernel of the decode chain: with programmatic dependent launch (Hopper+) a kernel is
     scheduled while the one before it runs, and waits (griddepcontrol.wait, compile-time PDL) before it reads
     or writes anything, so that only the launch latency overlaps."""
-    if kernel not in _dependent_kernels(os.environ.get(PDL_ENV, "1")) or interpreted() or device.type != "cuda":
+    if _dependent_override is not None:
+        chain = _dependent_override
+    else:
+        chain = DEPENDENT_KERNELS if read_environment().dependent_launch else ()
+    if kernel not in chain or interpreted() or device.type != "cuda":
         return {"PDL": 0}
     if not _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device()):
         return {"PDL": 0}
     return {"PDL": 1, "launch_pdl": True}
-
-
-def l2_keep() -> str:
-    """The eviction policy (compile-time KEEP) of a decode-chain kernel's stores that the next kernel reads."""
-    value = os.environ.get(L2_KEEP_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{L2_KEEP_ENV} must be 0 or 1, got {value!r}")
-    return "evict_last" if value == "1" else ""
 
 
 @triton.jit

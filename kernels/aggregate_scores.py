@@ -13,7 +13,7 @@ kernel's per-chunk partials. Forced pages get +inf (sink pages, the last
 local_pages sealed pages) and pages past the sealed ones -inf, so a plain
 top-k picks forced pages first and never padding.
 
-The decode path's top-k (selected_indices) aggregates with the same device
+The decode path's top-k (selected_indices_triton) aggregates with the same device
 functions (row_lse, aggregate_block) and ranks pages by a one-byte key (page_key).
 """
 

@@ -15,6 +15,12 @@ step on an exact tie).
 Why: the torch path is ~50 small ops per call, host time that a decode step
 sealing pages would pay every 16 tokens; this is one launch, and no host round
 trip.
+
+fp8 caches (SGLang's --kv-cache-dtype fp8_e4m3) hold key / k_scale as
+float8_e4m3fn, with one scalar k_scale per layer: the kernel summarises the
+dequantised keys (each float32 key times its layer's k_scale, as the torch
+path's fp8.float() * k_scale), so summaries and scores stay in the units of
+the model's keys.
 """
 
 from __future__ import annotations
@@ -71,12 +77,22 @@ def _to_out(x, out: tl.constexpr):
     return y.to(out)
 
 
+@triton.jit
+def _key(x, k_scale, SCALED: tl.constexpr):
+    """Cached keys x as float32, times the layer's k_scale where the cache holds keys / k_scale: the
+    torch path's fp8.float() * k_scale, rounded alike."""
+    x = x.to(tl.float32)
+    if SCALED:
+        x = x * k_scale
+    return x
+
+
 @triton.jit(do_not_specialize=["stride_tok", "n_pages"])  # one compiled kernel for every batch
 def _build_summaries_kernel(
-    k0_ptr, layer_off_ptr, stride_tok, slots_ptr, rows_ptr, n_pages,
+    k0_ptr, layer_off_ptr, k_scale_ptr, stride_tok, slots_ptr, rows_ptr, n_pages,
     mu_ptr, mu_scale_ptr, basis_ptr, coef_ptr, coef_scale_ptr,
     HKV: tl.constexpr, D: tl.constexpr, R: tl.constexpr, QUANT: tl.constexpr, RANK_EPS2: tl.constexpr,
-    MAX_SWEEPS: tl.constexpr, TOL: tl.constexpr,
+    MAX_SWEEPS: tl.constexpr, TOL: tl.constexpr, SCALED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     layer = tl.program_id(1)
@@ -88,13 +104,14 @@ def _build_summaries_kernel(
     eye = i[:, None] == i[None, :]
 
     # Keys as two halves (elements k and k + d/2: the int4 packing's pairs); float64 where sums
-    # cancel (centroid, Gram matrix, basis), float32 (exact for 16-bit keys) to hold.
+    # cancel (centroid, Gram matrix, basis), float32 (exact for 16-bit and unscaled fp8 keys) to hold.
     slots = tl.load(slots_ptr + j * 16 + i).to(tl.int64)
     key_base = k0_ptr + tl.load(layer_off_ptr + layer)
+    k_scale = tl.load(k_scale_ptr + layer) if SCALED else 1.0
     page_keys = key_base + h * D + slots * stride_tok  # [16] pointers: element 0 of each key
     x_ptr = page_keys[:, None] + k[None, :]
-    x_lo = tl.load(x_ptr).to(tl.float32)
-    x_hi = tl.load(x_ptr + HALF).to(tl.float32)
+    x_lo = _key(tl.load(x_ptr), k_scale, SCALED)
+    x_hi = _key(tl.load(x_ptr + HALF), k_scale, SCALED)
     mu_lo = tl.sum(x_lo.to(tl.float64), 0) / 16
     mu_hi = tl.sum(x_hi.to(tl.float64), 0) / 16
 
@@ -103,7 +120,7 @@ def _build_summaries_kernel(
     # descending eigenvalue (column r: the r-th).
     gram = tl.zeros((16, 16), tl.float64)
     for c in range(D):
-        col = tl.load(page_keys + c).to(tl.float64)
+        col = _key(tl.load(page_keys + c), k_scale, SCALED).to(tl.float64)
         col -= tl.sum(col, 0) / 16
         gram += col[:, None] * col[None, :]
     lam, u = jacobi_eigh(gram, MAX_SWEEPS, TOL)
@@ -118,8 +135,9 @@ def _build_summaries_kernel(
     for key in range(16):
         u_key = tl.sum(tl.where(i[:, None] == key, u, 0.0), 0) * inv_sqrt  # row `key` of U, scaled
         at = tl.sum(tl.where(i == key, slots, 0), 0) * stride_tok + h * D
-        b_lo += u_key[:, None] * (tl.load(key_base + at + k).to(tl.float64) - mu_lo)[None, :]
-        b_hi += u_key[:, None] * (tl.load(key_base + at + HALF + k).to(tl.float64) - mu_hi)[None, :]
+        b_lo += u_key[:, None] * (_key(tl.load(key_base + at + k), k_scale, SCALED).to(tl.float64) - mu_lo)[None, :]
+        b_hi += u_key[:, None] * (_key(tl.load(key_base + at + HALF + k), k_scale, SCALED).to(tl.float64)
+                                  - mu_hi)[None, :]
     # The rest in float32, as the torch path's quantisation.
     b_lo = b_lo.to(tl.float32)
     b_hi = b_hi.to(tl.float32)
@@ -191,12 +209,34 @@ def head_dim_reason(head_dim: int) -> Optional[str]:
     return None
 
 
+# The key dtypes the summary builds read: SGLang's 16-bit caches, float32 (tests, offline keys) and
+# --kv-cache-dtype fp8_e4m3's float8_e4m3fn; other fp8 formats (e5m2, the fnuz ones) are refused.
+KEY_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
+
+
+def key_dtype_reason(dtype: torch.dtype) -> Optional[str]:
+    """Why the summary builds (kernel and torch path) cannot read keys of dtype, or None."""
+    if dtype not in KEY_DTYPES:
+        return f"key cache dtype {dtype} (supported: {', '.join(str(t) for t in KEY_DTYPES)})"
+    return None
+
+
+def check_k_scales(k_scales: Optional[torch.Tensor], key_buffers: Sequence[torch.Tensor]) -> None:
+    """k_scales: None, or float32 [layers] on the buffers' device, one scale per key buffer."""
+    if k_scales is None:
+        return
+    if (k_scales.dtype != torch.float32 or k_scales.dim() != 1 or k_scales.numel() != len(key_buffers)
+            or (key_buffers and k_scales.device != key_buffers[0].device)):
+        raise ValueError(f"k_scales must be float32 [{len(key_buffers)}] (one per key buffer) on the key buffers' "
+                         f"device, got {k_scales.dtype} {tuple(k_scales.shape)} on {k_scales.device}")
+
+
 def unsupported_reason(summaries, key_buffers: Sequence[torch.Tensor]) -> Optional[str]:
     """Why build_summaries_triton cannot summarise from these key buffers, or None: the kernel
     tiles half a head (head_dim / 2 a power of two >= 16), rank <= 16, and every layer's buffer
-    is [tokens, H_kv, head_dim] with contiguous heads, one dtype and one set of strides."""
+    is [tokens, H_kv, head_dim] with contiguous heads, one dtype of KEY_DTYPES and one set of strides."""
     k0 = key_buffers[0]
-    reason = head_dim_reason(k0.shape[-1])
+    reason = head_dim_reason(k0.shape[-1]) or key_dtype_reason(k0.dtype)
     if reason:
         return reason
     if summaries.rank > 16:
@@ -209,21 +249,28 @@ def unsupported_reason(summaries, key_buffers: Sequence[torch.Tensor]) -> Option
 
 
 def build_summaries_triton(summaries, rows: torch.Tensor, key_buffers: Sequence[torch.Tensor], slots: torch.Tensor,
-                           rank_eps: float) -> None:
+                           rank_eps: float, k_scales: Optional[torch.Tensor] = None) -> None:
     """Summarise the pages whose token slots are slots [n, 16] in every buffer of key_buffers (each
-    [tokens, H_kv, d], one per layer, same dtype and strides) into summaries rows rows [layers, n]."""
+    [tokens, H_kv, d], one per layer, same dtype and strides) into summaries rows rows [layers, n].
+
+    k_scales: None (the buffers hold the keys), or float32 [layers] on the device (buffer l holds
+    keys / k_scales[l], as SGLang's fp8 cache): read by the kernel, so a fixed tensor serves every
+    build without a host round trip."""
     n = slots.shape[0]
     if n == 0 or not key_buffers:
         return
     reason = unsupported_reason(summaries, key_buffers)
     if reason:
         raise ValueError(f"build_summaries_triton: {reason}")
+    check_k_scales(k_scales, key_buffers)
     k0 = key_buffers[0]
     h, d = k0.shape[1], k0.shape[2]
     s = summaries
+    offsets = _layer_offsets(key_buffers)
     _build_summaries_kernel[(n * h, len(key_buffers))](
-        k0, _layer_offsets(key_buffers), k0.stride(0), slots.contiguous(), rows.contiguous(), n,
+        k0, offsets, offsets if k_scales is None else k_scales.contiguous(),  # not read without scales
+        k0.stride(0), slots.contiguous(), rows.contiguous(), n,
         s.mu, s.mu_scale, s.basis, s.coef, s.coef_scale,
         HKV=h, D=d, R=s.rank, QUANT=s.quantized, RANK_EPS2=rank_eps**2, MAX_SWEEPS=MAX_SWEEPS, TOL=_TOL,
-        num_warps=4,
+        SCALED=k_scales is not None, num_warps=4,
     )

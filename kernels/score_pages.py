@@ -17,9 +17,9 @@ Work per (page, KV head) on tensor cores, G query heads padded to 16 rows:
 int4 and int8 operands become exact fp16 integers with two or three integer
 instructions per four values (magic-number conversion: 0x64 in a half's high
 byte makes it 1024 + the low byte), instead of quarter-rate int-to-float
-conversions, which would cost more than reading the bytes (int_conversion="cast"
-keeps plain casts, which measured slower: Triton does not keep the narrow
-bytes in shared memory for the dots either way). The padded query
+conversions, which would cost more than reading the bytes (plain casts
+measured slower: Triton does not keep the narrow bytes in shared memory for
+the dots either way). The padded query
 rows are zero, so summing the [16 // G, G] row blocks drops them before the
 exponentials; a G that is not a power of two (Qwen2.5-7B: 7, -14B: 5) is
 padded with zero query rows to the next one, whose scores are not stored.
@@ -67,10 +67,9 @@ sub.f16x2 $1, $1, off;
 """)
 
 # Integer-to-float conversion of the summaries (constexpr CVT): 0 float32 casts (Triton's
-# interpreter, whose fp16/bf16 dots are unreliable), 1 fp16 casts, 2 fp16 by the PTX magic-number
-# trick (the default on GPUs).
+# interpreter, whose fp16/bf16 dots are unreliable), 2 fp16 by the PTX magic-number trick (GPUs).
 # "int8" multiplies basis and centroids as integers; the coefficients still convert by PTX.
-CONVERSIONS = {"cast": 1, "ptx": 2, "int8": 2}
+CONVERSIONS = {"ptx": 2, "int8": 2}
 
 
 @triton.jit
@@ -506,8 +505,8 @@ def score_pages_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, m
     buffers and the grid (n_chunks = max_pages / chunk_pages programs per row);
     each row's sealed pages are spread over all of its n_chunks (row_chunks).
     int_conversion: "int8" (integer dots against int8 planes of q, see
-    _int8_query_planes; the fastest), "ptx" (fp16 dots, int operands
-    converted by PTX) or "cast" (plain fp16 casts, the slowest). block_pages,
+    _int8_query_planes; the fastest) or "ptx" (fp16 dots, int operands
+    converted by PTX). block_pages,
     num_warps, num_stages and maxnreg (registers per thread, 0: no cap)
     default to score_launch's.
     Returns scores [B, Hq, max_pages] (natural-log mass; entries past a

@@ -20,9 +20,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .score_pages_gluon import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _pdl_start,
-                                _prologue, _row_span, _stage_buffers, _store_partials, _store_scores,
-                                _unpack_int4_x16, gluon_applies, launch_score_kernel)
+from .gluon_pipeline import (SMEM_STAGES, STEP_PAIRS, _idx2, _idx3, _int8_to_f16, _lg2, _next_step, _pdl_start,
+                             _prologue, _row_span, _stage_buffers, _store_partials, _store_scores, _unpack_int4_x16)
+from .score_pages_gluon import gluon_applies, launch_score_kernel
 
 
 @gluon.jit

@@ -17,6 +17,11 @@ two on the H200 (docs/performance.md); merging in the row's last program
 instead of a second launch measured slower.
 Both launches take programmatic dependent launch (_triton.DEPENDENT_KERNELS): each is scheduled while the
 kernel before it runs.
+
+An fp8 cache (float8_e4m3fn pages holding K / k_scale and V / v_scale, SGLang's
+--kv-cache-dtype fp8_e4m3) is widened to q's dtype after the load (exact: every
+e4m3 value is a bf16 and an fp16 value), k_scale folded into the softmax scale
+and v_scale into each part's output (the merge is linear in them).
 """
 
 from __future__ import annotations
@@ -25,14 +30,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._triton import dependent_launch, interpreted, l2_keep, pdl_start
+from ._triton import L2_KEEP, dependent_launch, interpreted, pdl_start
 from .score_pages import LOG2E
 
 PAGE = tl.constexpr(16)  # tokens per page (config.PAGE_SIZE; kernels do not import the package's config)
 
 
 @triton.jit
-def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, part_o, part_lse, qk_scale,
+def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, part_o, part_lse, qk_scale, v_scale,
                  HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                  PAGES: tl.constexpr, SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
                  KEEP: tl.constexpr):
@@ -71,6 +76,9 @@ def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, p
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
+        else:  # fp8 pages: the tensor cores take operands of one type (a no-op for 16-bit pages)
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale  # log2 domain
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -80,7 +88,7 @@ def _attend_part(q_ptr, k_ptr, v_ptr, indptr, indices, last_page_len, out_ptr, p
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
 
-    o = acc / tl.maximum(l, 1.0e-30)[:, None]
+    o = acc / tl.maximum(l, 1.0e-30)[:, None] * v_scale
     if SPLITS == 1:
         tl.store(out_ptr + (row * G + heads)[:, None] * D + dims[None, :], o.to(out_ptr.dtype.element_ty), mask=live)
     else:
@@ -131,10 +139,13 @@ class SparseAttendBuffers:
 
 
 def sparse_attend_triton(q, k_cache, v_cache, indptr, indices, last_page_len, rows: int, splits: int,
-                         sm_scale: float, buffers: SparseAttendBuffers = None, out=None, pages_per_iter: int = 4):
-    """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d]; rows = B * H_kv -> out [B, Hq, d] in q's dtype.
+                         sm_scale: float, buffers: SparseAttendBuffers = None, out=None, pages_per_iter: int = 4,
+                         k_scale: float = 1.0, v_scale: float = 1.0):
+    """q [B, Hq, d] (bf16 or fp16); k_cache/v_cache [slots, H_kv, d] in q's dtype or float8_e4m3fn; rows = B * H_kv
+    -> out [B, Hq, d] in q's dtype.
 
     splits: parts per row (a power of two) and pages_per_iter: pages a program loads at once (attend_launch).
+    k_scale, v_scale: the cache holds K / k_scale and V / v_scale (SGLang's fp8 cache; 1.0: the keys and values).
     """
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
@@ -151,17 +162,19 @@ def sparse_attend_triton(q, k_cache, v_cache, indptr, indices, last_page_len, ro
         part_o, part_lse = buffers.part_o, buffers.part_lse
     else:
         part_o = part_lse = q  # unused: one part writes the output itself
-    if q.dtype not in (torch.bfloat16, torch.float16) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q and the KV cache must be bf16 or fp16 of one dtype, got {q.dtype}, {k_cache.dtype}, "
-                         f"{v_cache.dtype}")
+    if (q.dtype not in (torch.bfloat16, torch.float16) or k_cache.dtype != v_cache.dtype
+            or k_cache.dtype not in (q.dtype, torch.float8_e4m3fn)):
+        raise ValueError(f"q and the KV cache must be bf16 or fp16 of one dtype, or the cache torch.float8_e4m3fn, got "
+                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     dp = max(16, triton.next_power_of_2(d))
     q = q.contiguous()
     if out is None:
         out = torch.empty_like(q)
     _attend_part[(rows, splits)](q, k_cache, v_cache, indptr, indices, last_page_len, out, part_o, part_lse,
-                                 sm_scale * LOG2E, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
-                                 DP=dp, PAGES=pages_per_iter, SPLITS=splits, DOT_F32=interpreted(), num_warps=4,
-                                 KEEP=l2_keep(), **dependent_launch(q.device, "attend"))
+                                 sm_scale * k_scale * LOG2E, v_scale, HKV=hkv, G=g,
+                                 GP=max(16, triton.next_power_of_2(g)), D=d, DP=dp, PAGES=pages_per_iter, SPLITS=splits,
+                                 DOT_F32=interpreted(), num_warps=4, KEEP=L2_KEEP,
+                                 **dependent_launch(q.device, "attend"))
     if splits > 1:
         _merge_parts[(rows, g)](part_o, part_lse, out, G=g, D=d, DP=dp, SPLITS=splits, num_warps=4,
                                 **dependent_launch(q.device, "merge"))

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from probe_inputs import ChainStep, save_rows  # noqa: E402
 from sglang_locks.kernels._triton import dependent_launch, num_sms, pdl_start  # noqa: E402
-from sglang_locks.kernels.selected_indices import selection_parts  # noqa: E402
+from sglang_locks.kernels.page_selection import selection_parts  # noqa: E402
 from sglang_locks.kernels.sparse_attend import attend_launch  # noqa: E402
 
 ROUNDS = 3

@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, "benchmarks")
 from attention_decode import one_layer_inputs
 from sglang_locks.config import LocksConfig
-from sglang_locks.kernels.selected_indices import PageScores, SelectionState, selected_indices_triton
+from sglang_locks.kernels.page_selection import PageScores, SelectionState, selected_indices_triton
 from sglang_locks.scoring import score_pages_full
 from sglang_locks.selection import selected_pages
 

@@ -110,7 +110,7 @@ class ChainStep:
         """The score kernel of one layer alone (its mass slots left for the selection that does not follow)."""
         dec = self.dec
         locks_scores_triton(self.q, self.sums[layer % len(self.sums)], *self.tables, dec.max_pages, dec.sm_scale,
-                            dec.config, dec.selection_state, dec.candidates, dec.score_options)
+                            dec.config, dec.selection_state, dec.candidates)
 
     def every_layer(self, fns, after_layer=None):
         """A step running fns(layer) for each layer in turn (then after_layer(), if given)."""

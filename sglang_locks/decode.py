@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .config import LocksConfig
-from .kernels.selected_indices import (CacheWrite, PageScores, SelectionState, selected_indices_torch,
+from .kernels.page_selection import (CacheWrite, PageScores, SelectionState, selected_indices_torch,
                                        selected_indices_triton)
 from .scoring import candidate_buffer, locks_aggregate_torch, locks_scores_triton, prefiltered, score_pages_shared
 from .selection import select_pages, selected_pages
@@ -30,16 +30,13 @@ class LocksDecode:
         head_dim: int,
         max_batch_size: int,
         use_cuda_graph: bool = False,
-        score_options: dict = None,
         candidates: torch.Tensor = None,
         selection_state: SelectionState = None,
     ) -> None:
-        """score_options: launch options of score_pages_triton (tile sizes, variants) to override its defaults.
-        candidates: the prefilter's candidate_buffer of >= max_batch_size * H_kv rows, and selection_state: a
+        """candidates: the prefilter's candidate_buffer of >= max_batch_size * H_kv rows, and selection_state: a
         SelectionState of >= max_batch_size * H_kv rows and >= num_qo_heads / H_kv query heads a row; decoders
         running one after the other may share both (each launch leaves the state zeroed; allocated when None)."""
         self.config = config
-        self.score_options = dict(score_options or {})
         max_indices = max_batch_size * num_kv_heads * (config.budget_pages + 1)
         self.sparse = SparseDecodeWrapper(
             workspace, num_qo_heads, num_kv_heads, head_dim, max_batch_size, max_indices, use_cuda_graph,
@@ -83,22 +80,25 @@ class LocksDecode:
                                                     self.max_pages, self.sm_scale, self.shared_runs))
         else:
             scored = locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, self.max_pages,
-                                         self.sm_scale, cfg, self.selection_state, self.candidates, self.score_options)
+                                         self.sm_scale, cfg, self.selection_state, self.candidates)
         sparse = self.sparse
         selected_indices_triton(scored, req_to_token, req_pool_indices, seq_lens, sparse.indptr, sparse.indices,
                                 sparse.last_page_len, self.num_kv_heads, cfg.sink_pages, cfg.local_pages,
                                 cfg.gqa_aggregation, cfg.budget_pages, self.selection_state, cache_write)
 
     def run(self, q, k_cache, v_cache, summaries: PageSummaries, req_to_token, req_pool_indices, seq_lens,
-            new_kv=None):
+            new_kv=None, k_scale: float = None, v_scale: float = None):
         """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]. new_kv: (k, v [B, H_kv, d], slots [B]), the
-        step's keys and values, written into the caches before the sparse decode reads them (CacheWrite)."""
+        step's keys and values, written into the caches before the sparse decode reads them (CacheWrite; caches
+        of q's dtype). k_scale, v_scale: an fp8 cache's (SparseDecodeWrapper.run); the summaries were built from
+        the dequantised keys, so scoring needs neither."""
         write = None if new_kv is None else CacheWrite(new_kv[0], new_kv[1], k_cache, v_cache, new_kv[2])
         self.select(q, summaries, req_to_token, req_pool_indices, seq_lens, write)
-        return self.sparse.run(q, k_cache, v_cache)
+        return self.sparse.run(q, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale)
 
 
-def locks_decode_reference(q, k_cache, v_cache, summaries, req_to_token, req_pool_indices, seq_lens, config: LocksConfig, sm_scale: float):
+def locks_decode_reference(q, k_cache, v_cache, summaries, req_to_token, req_pool_indices, seq_lens, config: LocksConfig,
+                           sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0):
     """Torch reference of LocksDecode.run (scores in the dtype of q, attention in float32)."""
     hkv = summaries.num_kv_heads
     max_pages = max(1, int(seq_lens.max()) // config.page_size)
@@ -106,4 +106,5 @@ def locks_decode_reference(q, k_cache, v_cache, summaries, req_to_token, req_poo
     sel = select_pages(agg, config.budget_pages)
     indptr, indices = selected_indices_torch(sel, req_to_token, req_pool_indices, seq_lens, hkv, config.budget_pages)
     _, last_page_len = selected_pages(seq_lens, hkv, config.budget_pages)
-    return sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last_page_len, hkv, sm_scale)
+    return sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last_page_len, hkv, sm_scale, k_scale,
+                                   v_scale)

@@ -22,7 +22,7 @@ from .kernels.score_pages import (BLOCK_PAGES, chunk_pages_for, estimate_block_p
 from .kernels.score_pages_gluon import gluon_applies, score_pages_gluon
 from .kernels.score_pages_gluon_heads import score_pages_gluon_heads
 from .kernels.score_segments import OWN_TILE_ROWS, SHARED_TILE_ROWS, members_per_tile, score_segments_triton
-from .kernels.selected_indices import PageScores, SelectionState, candidate_pages_triton
+from .kernels.page_selection import PageScores, SelectionState, candidate_pages_triton
 from .selection import select_pages
 from .shared_prefix import score_segments_of
 from .summaries import PageSummaries
@@ -97,8 +97,7 @@ def score_pages_shared(q, summaries, req_to_token, req_pool_indices, seq_lens, m
 
 
 def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale,
-                        config: LocksConfig, state: SelectionState, candidates: torch.Tensor = None,
-                        score_options: dict = None):
+                        config: LocksConfig, state: SelectionState, candidates: torch.Tensor = None):
     """The PageScores the selection (selected_indices_triton) reads.
 
     Without the prefilter: score_pages_full's scores [B, Hq, max_pages] and
@@ -109,36 +108,32 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
     [B, Hq, M] in candidate order, the partials of the estimate and candidate
     launches side by side, and the candidate list (candidates, a
     candidate_buffer of >= B * H_kv rows; allocated when None). state: the
-    candidate selection's. score_options: launch options of the full launch
-    (score_pages_full's) or of the candidate launch (score_pages_triton's;
-    the candidates are scored by Triton).
+    candidate selection's. Every launch takes its kernel's defaults (the
+    candidates are scored by Triton).
     """
-    opts = dict(score_options or {})
     args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
     if not prefiltered(config, max_pages):
-        opts["kernel"] = full_score_kernel(q, summaries, opts)
         mass = None
-        if opts["kernel"] == "gluon" and q.shape[1] >= MASS_MIN_GROUP * summaries.num_kv_heads:
-            mass = opts["mass"] = state.mass
-        return PageScores(*score_pages_full(*args, **opts), None, mass)
-    opts.pop("kernel", None)
+        if full_score_kernel(q, summaries, {}) == "gluon" and q.shape[1] >= MASS_MIN_GROUP * summaries.num_kv_heads:
+            mass = state.mass
+        return PageScores(*score_pages_full(*args, **({} if mass is None else {"mass": mass})), None, mass)
     bsz, hq, _ = q.shape
     hkv = summaries.num_kv_heads
     rows, m = bsz * hkv, config.candidate_pages
     if candidates is None:
         candidates = candidate_buffer(rows, config, q.device)
     n_estimate = score_chunks(rows, max_pages, q.device, estimate_block_pages(config.prefilter_rank))[1]
-    n_full = score_chunks(rows, m, q.device, opts.get("block_pages") or BLOCK_PAGES, opts.get("chunk_pages"))[1]
+    n_full = score_chunks(rows, m, q.device, BLOCK_PAGES)[1]
     estimates = torch.empty(bsz, hq, max_pages, dtype=torch.float32, device=q.device)
     part_max = torch.empty(bsz, hq, n_estimate + n_full, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
-    score_pages_triton(*args, int_conversion=opts.get("int_conversion", "int8"), terms="estimate",
-                       estimate_rank=config.prefilter_rank, out=(estimates, part_max, part_sum, 0))
+    score_pages_triton(*args, terms="estimate", estimate_rank=config.prefilter_rank,
+                       out=(estimates, part_max, part_sum, 0))
     candidate_pages_triton(estimates, part_max, part_sum, n_estimate, req_to_token, req_pool_indices, seq_lens,
                            candidates, hkv, config.sink_pages, config.local_pages, config.gqa_aggregation, state)
     scores = torch.empty(bsz, hq, m, dtype=torch.float32, device=q.device)
     score_pages_triton(*args, terms="candidates", candidates=candidates, estimates=estimates,
-                       out=(scores, part_max, part_sum, n_estimate), **opts)
+                       out=(scores, part_max, part_sum, n_estimate))
     return PageScores(scores, part_max, part_sum, candidates)
 
 

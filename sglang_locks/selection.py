@@ -14,7 +14,7 @@ def select_pages(agg: torch.Tensor, budget_pages: int) -> torch.Tensor:
     """agg [B, H_kv, P] (forced pages +inf, padding -inf) -> logical page ids [B * H_kv, k].
 
     k = min(budget_pages, P). Rows whose sealed pages all fit are attended
-    densely by selected_indices, which then ignores their entries here.
+    densely by selected_indices_triton, which then ignores their entries here.
     """
     rows = agg.shape[0] * agg.shape[1]
     k = min(budget_pages, agg.shape[2])

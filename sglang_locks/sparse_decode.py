@@ -8,7 +8,9 @@ H_kv * d elements apart. Row b * H_kv + h of the batch is request b's KV
 head h with its G query heads, and its entries are the pages that head
 selected, then the request's unsealed tail page. (Pages of one token, an
 index per token, measured 2-7 % slower on the H200.) Both kernels read
-these rows and entries.
+these rows and entries, from a cache in q's dtype or float8_e4m3fn (SGLang's
+--kv-cache-dtype fp8_e4m3: pages holding K / k_scale and V / v_scale, the
+layer's scales passed to run()).
 """
 
 from __future__ import annotations
@@ -107,9 +109,10 @@ class SparseDecodeWrapper:
         if total > self.indices.numel():
             raise ValueError(f"{total} selected pages exceed max_indices={self.indices.numel()}")
         if self.kernel == "triton":
-            if q_dtype != kv_dtype or q_dtype not in (torch.bfloat16, torch.float16):
-                raise ValueError(f"the Triton sparse decode takes bf16 or fp16 q and KV of one dtype, got {q_dtype} "
-                                 f"and {kv_dtype} (--locks-sparse-decode flashinfer takes others)")
+            if q_dtype not in (torch.bfloat16, torch.float16) or kv_dtype not in (q_dtype, torch.float8_e4m3fn):
+                raise ValueError(f"the Triton sparse decode takes bf16 or fp16 q and KV of one dtype, or a "
+                                 f"torch.float8_e4m3fn KV, got {q_dtype} and {kv_dtype} (--locks-sparse-decode "
+                                 f"flashinfer takes others)")
             self.indptr[: rows + 1].copy_(indptr, non_blocking=True)
             self.last_page_len[:rows].copy_(last_page_len, non_blocking=True)
             # Static under CUDA graphs: from the rows and the most pages a row can hold, not this step's.
@@ -122,26 +125,32 @@ class SparseDecodeWrapper:
                               q_data_type=q_dtype, kv_data_type=kv_dtype, sm_scale=sm_scale)
         self._planned = key
 
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: Optional[torch.Tensor] = None):
-        """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] -> [B, Hq, d]."""
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: Optional[torch.Tensor] = None,
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None):
+        """q [B, Hq, d]; k_cache/v_cache [slots, H_kv, d] of plan()'s kv_dtype -> [B, Hq, d]. k_scale, v_scale: the
+        layer's scales of an fp8 cache (it holds K / k_scale, V / v_scale; None: 1.0), python floats as FlashInfer
+        takes them (a CUDA graph keeps each layer's)."""
         bsz = q.shape[0]
         d = self.head_dim
         if self.kernel == "triton":
             splits, pages_per_iter = self.launch
             return sparse_attend_triton(q, k_cache, v_cache, self.indptr, self.indices, self.last_page_len, self.rows,
-                                        splits, self.sm_scale, self.parts, out, pages_per_iter)
+                                        splits, self.sm_scale, self.parts, out, pages_per_iter,
+                                        1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
         o = self.wrapper.run(q.reshape(bsz * self.num_kv_heads, self.group, d),
-                             (per_head_pages(k_cache), per_head_pages(v_cache)),
+                             (per_head_pages(k_cache), per_head_pages(v_cache)), k_scale=k_scale, v_scale=v_scale,
                              out=None if out is None else out.view(bsz * self.num_kv_heads, self.group, d))
         return o.view(bsz, self.num_qo_heads, d)
 
 
-def sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last_page_len, num_kv_heads: int, sm_scale: float):
-    """Float32 reference of SparseDecodeWrapper.run on the same indptr/indices/last_page_len."""
+def sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last_page_len, num_kv_heads: int, sm_scale: float,
+                            k_scale: float = 1.0, v_scale: float = 1.0):
+    """Float32 reference of SparseDecodeWrapper.run on the same indptr/indices/last_page_len (the cache holding
+    K / k_scale and V / v_scale)."""
     bsz, hq, d = q.shape
     group = hq // num_kv_heads
-    k_flat = k_cache.reshape(-1, d).float()
-    v_flat = v_cache.reshape(-1, d).float()
+    k_flat = k_cache.reshape(-1, d).float() * k_scale
+    v_flat = v_cache.reshape(-1, d).float() * v_scale
     out = torch.empty(bsz, hq, d, dtype=torch.float32, device=q.device)
     indptr, last_page_len = indptr.cpu(), last_page_len.cpu()
     for row in range(bsz * num_kv_heads):
@@ -159,15 +168,17 @@ def sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last_page_len,
     return out
 
 
-def dense_decode_reference(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale: float):
-    """Float32 dense attention of each request's whole context (GQA)."""
+def dense_decode_reference(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale: float,
+                           k_scale: float = 1.0, v_scale: float = 1.0):
+    """Float32 dense attention of each request's whole context (GQA; the cache holding K / k_scale, V / v_scale)."""
     bsz, hq, d = q.shape
     hkv = k_cache.shape[1]
+    k_cache, v_cache = k_cache.float() * k_scale, v_cache.float() * v_scale
     out = torch.empty(bsz, hq, d, dtype=torch.float32, device=q.device)
     for b in range(bsz):
         slots = req_to_token[int(req_pool_indices[b]), : int(seq_lens[b])].long()
-        k = k_cache[slots].float().repeat_interleave(hq // hkv, 1)  # [n, Hq, d]
-        v = v_cache[slots].float().repeat_interleave(hq // hkv, 1)
+        k = k_cache[slots].repeat_interleave(hq // hkv, 1)  # [n, Hq, d]
+        v = v_cache[slots].repeat_interleave(hq // hkv, 1)
         p = torch.softmax(torch.einsum("hd,nhd->hn", q[b].float(), k) * sm_scale, -1)
         out[b] = torch.einsum("hn,nhd->hd", p, v)
     return out

@@ -32,13 +32,13 @@ Precisions ``fp32`` and ``bf16`` store mu/basis/coef as floats with unit scales.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
 from .config import PAGE_SIZE, SUMMARY_PRECISIONS
 from .kernels._triton import triton_usable
-from .kernels.build_summaries import build_summaries_triton, unsupported_reason
+from .kernels.build_summaries import build_summaries_triton, check_k_scales, key_dtype_reason, unsupported_reason
 from .kernels.page_eigh import page_eigh_torch, page_eigh_triton
 
 # Singular values below this fraction of the page's largest carry no signal
@@ -108,6 +108,17 @@ def _summarize_chunk(keys: torch.Tensor, rank: int):
     inv_sqrt = torch.where(keep, lam.clamp_min(1e-300).rsqrt(), torch.zeros_like(lam))
     basis = _pad_rank((u.transpose(1, 2) @ dev) * inv_sqrt[..., None], rank)
     return mu.float(), basis.float(), (dev @ basis.transpose(1, 2)).float()
+
+
+def _dequantized(buf: torch.Tensor, slots: torch.Tensor, k_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """The keys at slots of a cached key buffer, as the build kernel reads them: fp8 keys gathered
+    as bytes (not every indexing kernel takes fp8: SGLang keeps its fp8 pools as uint8) and widened
+    to float32; times k_scale (a device scalar) where given; other keys as they are."""
+    if buf.dtype == torch.float8_e4m3fn:
+        keys = buf.view(torch.uint8)[slots].view(buf.dtype).float()
+    else:
+        keys = buf[slots]
+    return keys if k_scale is None else keys.float() * k_scale
 
 
 def pack_int4(values: torch.Tensor) -> torch.Tensor:
@@ -237,22 +248,29 @@ class PageSummaries:
         for i in range(0, keys.shape[0], step):
             self._write(page_ids[i : i + step], keys[i : i + step])
 
-    def write_from_cache(self, rows: torch.Tensor, key_buffers: Sequence[torch.Tensor], slots: torch.Tensor) -> None:
+    def write_from_cache(self, rows: torch.Tensor, key_buffers: Sequence[torch.Tensor], slots: torch.Tensor,
+                         k_scales: Optional[torch.Tensor] = None) -> None:
         """Summarise the pages whose token slots are slots [n, 16], in each layer's key buffer
-        ([tokens, H_kv, d], as cached), into rows [layers, n].
+        ([tokens, H_kv, d], as cached: bf16, fp16, fp32 or float8_e4m3fn), into rows [layers, n].
+        k_scales: None, or float32 [layers] on the device: buffer l holds keys / k_scales[l] (SGLang's
+        fp8 cache with the layer's k_scale), and the summaries are those of the dequantised keys.
 
         Few pages (a decode step's seals): one launch of build_summaries' kernel for all layers
         (where Triton runs and the kernel takes the buffers: see unsupported_reason), ~0.1 ms of
         host time instead of ~2-4 ms for write()'s ~50 small ops. Many (a prefill chunk): write()
         per layer, whose batched torch ops have the higher throughput (a kernel program per page
         and head runs a 16 x 16 float64 eigensolver, at ~2 programs per SM)."""
+        reason = key_dtype_reason(key_buffers[0].dtype) if key_buffers else None
+        if reason:
+            raise ValueError(f"write_from_cache: {reason}")
+        check_k_scales(k_scales, key_buffers)
         programs = slots.shape[0] * self.num_kv_heads * len(key_buffers)
         if (key_buffers and programs <= _BUILD_KERNEL_MAX_PROGRAMS and triton_usable(slots.device)
                 and unsupported_reason(self, key_buffers) is None):
-            build_summaries_triton(self, rows, key_buffers, slots, _RANK_EPS)
+            build_summaries_triton(self, rows, key_buffers, slots, _RANK_EPS, k_scales)
             return
-        for layer_rows, buf in zip(rows, key_buffers):
-            self.write(layer_rows, buf[slots])
+        for layer, (layer_rows, buf) in enumerate(zip(rows, key_buffers)):
+            self.write(layer_rows, _dequantized(buf, slots, None if k_scales is None else k_scales[layer]))
 
     def _write(self, page_ids: torch.Tensor, keys: torch.Tensor) -> None:
         n, _, h, d = keys.shape

@@ -6,9 +6,9 @@ import torch
 from helpers import random_cache
 from sglang_locks.config import SPARSE_DECODE_KERNELS, LocksConfig
 from sglang_locks.decode import LocksDecode
-from sglang_locks.kernels._triton import CHAIN_KERNELS
+from sglang_locks.kernels._triton import CHAIN_KERNELS, dependent_kernels
 from sglang_locks.kernels.aggregate_scores import KEY_SCALE
-from sglang_locks.kernels.selected_indices import CacheWrite, selected_indices_torch
+from sglang_locks.kernels.page_selection import CacheWrite, selected_indices_torch
 from sglang_locks.selection import selected_pages
 from sglang_locks.sparse_decode import SparseDecodeWrapper, dense_decode_reference, sparse_decode_reference
 
@@ -181,7 +181,7 @@ def test_cuda_graph_replay_follows_new_inputs(kernel):
 
 
 @pytest.mark.parametrize("hkv, group", [(8, 4), (2, 16)])
-def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeypatch):
+def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group):
     """Layers whose query is the output of the layer before, in one CUDA graph with programmatic dependent
     launch of every kernel of the chain (kernels/_triton.dependent_launch; by default the score kernel's at up to
     8 query heads per KV head and the sparse decode's): each must wait for the one before it (the scores, whose
@@ -207,19 +207,17 @@ def test_cuda_graph_of_chained_layers_equals_serial_launches(hkv, group, monkeyp
             dec.select(qs[layer], c["summaries"], *tables, cache_write=write)
             dec.sparse.run(qs[layer], c["k_cache"], c["v_cache"], out=qs[layer + 1])
 
-    every = ",".join(CHAIN_KERNELS)
-    monkeypatch.setenv("SGLANG_LOCKS_PDL", every)
-    chain()  # compiles
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
+    with dependent_kernels(CHAIN_KERNELS):
+        chain()  # compiles
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            chain()
     for _ in range(3):
         qs[0].copy_(torch.randn_like(qs[0]))
         graph.replay()
         replayed = torch.stack(qs[1:])
-        monkeypatch.setenv("SGLANG_LOCKS_PDL", "0")
-        chain()
-        monkeypatch.setenv("SGLANG_LOCKS_PDL", every)
+        with dependent_kernels(()):
+            chain()
         assert torch.equal(replayed, torch.stack(qs[1:]))
         assert not dec.selection_state.mass.any()
 

@@ -26,7 +26,7 @@ for terms in ("full", "candidates", "estimate"):
 """
 
 
-@pytest.mark.parametrize("group, kv_heads, conversion", [(4, 8, "int8"), (4, 8, "ptx"), (16, 2, "ptx"), (16, 2, "cast"),
+@pytest.mark.parametrize("group, kv_heads, conversion", [(4, 8, "int8"), (4, 8, "ptx"), (16, 2, "ptx"), (16, 2, "int8"),
                                                          (7, 4, "int8"), (5, 8, "ptx")])
 def test_score_kernel_builds_for_sm90(group, kv_heads, conversion):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -47,7 +47,7 @@ import math
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from sglang_locks.kernels import selected_indices as m
+from sglang_locks.kernels import page_selection as m
 
 
 def build(index, **consts):
@@ -158,7 +158,7 @@ def test_gluon_score_kernel_builds_for_sm90(group, heads_on_rows, index):
     # 16-byte cp.async staging, int8 mma, a cubin; programmatic dependent launch: its first summaries are in
     # flight before it waits, and it waits before any store (and before it reads q: test_gpu's chained layers
     # fail otherwise) and lets the selection launch; its outputs (scores, partials) stored evict-last in L2
-    # (SGLANG_LOCKS_L2_KEEP); each query head's mass added up in float64 atomics from 8 query heads per KV head
+    # (_triton.L2_KEEP); each query head's mass added up in float64 atomics from 8 query heads per KV head
     # (scoring.MASS_MIN_GROUP)
     assert out.stdout.split() == ["True"] * 8
 
@@ -174,8 +174,9 @@ for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), 
                                          DOT_F32=False, PDL=1, KEEP="evict_last")),
                    (m._merge_parts, dict(G={group}, D=d, DP=dp, SPLITS=32, PDL=1))):
     names = fn.arg_names
-    sig = {{n: "constexpr" if n in consts else "fp32" if n == "qk_scale" else "*bf16" if n in ("q_ptr", "k_ptr", "v_ptr",
-           "out_ptr") else "*fp32" if n.startswith("part") else "*i32" for n in names}}
+    sig = {{n: "constexpr" if n in consts else "fp32" if n in ("qk_scale", "v_scale") else {kv!r} if n in ("k_ptr",
+           "v_ptr") else "*bf16" if n in ("q_ptr", "out_ptr") else "*fp32" if n.startswith("part") else "*i32"
+           for n in names}}
     src = ASTSource(fn=fn, signature=sig, constexprs={{(names.index(k),): v for k, v in consts.items()}},
                     attrs={{(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n].startswith("*")}})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"]
@@ -187,13 +188,14 @@ for fn, consts in ((m._attend_part, dict(HKV=8, G={group}, GP=max(16, {group}), 
 """
 
 
-@pytest.mark.parametrize("group, head_dim", [(1, 128), (4, 128), (16, 128), (4, 96)])
-def test_sparse_attend_kernels_build_for_sm90(group, head_dim):
+@pytest.mark.parametrize("group, head_dim, kv", [(1, 128, "*bf16"), (4, 128, "*bf16"), (16, 128, "*bf16"),
+                                                (4, 96, "*bf16"), (4, 128, "*fp8e4nv"), (16, 64, "*fp8e4nv")])
+def test_sparse_attend_kernels_build_for_sm90(group, head_dim, kv):
     """The split-page sparse decode and its merge for the H200: products on the tensor cores, K and V gathered in
-    16-byte asynchronous copies (also at head_dim 96, padded to 128 in registers), the parts stored evict-last in
-    L2 for the merge (which stores its output with the default policy)."""
+    16-byte asynchronous copies (also at head_dim 96, padded to 128 in registers, and from an fp8 cache), the parts
+    stored evict-last in L2 for the merge (which stores its output with the default policy)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", ATTEND_BUILD.format(group=group, head_dim=head_dim)], env=env,
+    out = subprocess.run([sys.executable, "-c", ATTEND_BUILD.format(group=group, head_dim=head_dim, kv=kv)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True"] * 8

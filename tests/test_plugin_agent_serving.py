@@ -240,16 +240,19 @@ def test_sglangs_chat_endpoint_builds_the_prompts_the_replay_expects(model, trac
 def test_server_flags_are_the_same_but_locks_ones_and_parse(model):
     from sglang.srt.server_args import prepare_server_args
 
-    fullkv, locks = (serving.server_flags(model, mode, 131072, 2048) for mode in serving.MODES)
+    fullkv, locks, prefiltered = (serving.server_flags(model, mode, 131072, 2048) for mode in serving.MODES)
     assert locks[:len(fullkv)] == fullkv and locks[len(fullkv):] == ["--enable-locks", "--locks-token-budget", "2048"]
+    assert prefiltered[:len(locks)] == locks and prefiltered[len(locks):] == ["--locks-prefilter", "8",
+                                                                              "--locks-prefilter-rank", "2"]
     load_sglang_plugins()
-    parsed = [prepare_server_args(f + ["--device", "cpu"]) for f in (fullkv, locks)]
+    parsed = [prepare_server_args(f + ["--device", "cpu"]) for f in (fullkv, locks, prefiltered)]
     for sa in parsed:
         assert (sa.page_size, sa.attention_backend, sa.load_format, sa.context_length) == (16, "flashinfer", "dummy",
                                                                                            131072)
         assert (sa.cuda_graph_max_bs_decode, sa.enable_metrics, sa.mem_fraction_static) == (64, True, 0.85)
         assert not sa.skip_tokenizer_init  # bench_serving sends text
     assert parsed[0].locks_config is None and parsed[1].locks_config.token_budget == 2048
+    assert (parsed[2].locks_config.prefilter, parsed[2].locks_config.prefilter_rank) == (8, 2)
 
 
 def _bench_args(cmd, monkeypatch):

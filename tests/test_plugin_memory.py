@@ -15,7 +15,7 @@ MiB = 2**20
 def test_decoder_bytes_count_each_buffer_the_backend_allocates():
     """Against the buffers' shapes: 4 query heads on 2 KV heads, budget 512 (32 pages), prefilter 2 (64 pages)."""
     from sglang_locks.kernels.aggregate_scores import HIST_BINS
-    from sglang_locks.kernels.selected_indices import MASS_SLOTS
+    from sglang_locks.kernels.page_selection import MASS_SLOTS
     from sglang_locks.plugin.memory import decoder_bytes
 
     config = LocksConfig(token_budget=512, prefilter=2)

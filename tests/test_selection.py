@@ -13,8 +13,8 @@ from sglang_locks.kernels.aggregate_scores import (
     page_key_torch,
 )
 from sglang_locks.kernels.aggregate_scores import KEY_RANGE, KEY_SCALE
-from sglang_locks.kernels import selected_indices
-from sglang_locks.kernels.selected_indices import (
+from sglang_locks.kernels import page_selection
+from sglang_locks.kernels.page_selection import (
     MASS_SLOTS,
     CacheWrite,
     SelectionState,
@@ -115,7 +115,7 @@ def test_indices_kernel_selects_top_keys_and_writes_pages(seq_lens, hkv, group, 
     """Each query head's total mass: from the score partials, each program merging all of them ("partials"),
     or merged in slices by the row's programs (a barrier more, the form of many chunks), or given as the
     Gluon score kernels add it up ("mass", which the launch zeroes)."""
-    monkeypatch.setattr(selected_indices, "SPLIT_MERGE_ABOVE", 0 if lse_from == "slices" else 10**9)
+    monkeypatch.setattr(page_selection, "SPLIT_MERGE_ABOVE", 0 if lse_from == "slices" else 10**9)
     cfg = LocksConfig(token_budget=budget, sink_pages=1, local_pages=2)
     c = random_cache(seq_lens, hkv, 64, device=device)
     # Scores follow the cache's (shuffled) batch order, so lengths come from the cache.
@@ -258,7 +258,7 @@ def test_pages_below_the_key_range_fill_the_budget_in_page_order(device):
 def test_selection_grid_stays_resident(monkeypatch, sms):
     """The kernel's row barrier needs every program of the grid resident at once: within resident_programs per SM
     of its tile, or 2 per SM (any registers). 4 SMs: the interpreter's; 132: the H200's."""
-    monkeypatch.setattr(selected_indices, "num_sms", lambda device: sms)
+    monkeypatch.setattr(page_selection, "num_sms", lambda device: sms)
     device = torch.device("cpu")
     for rows in (1, 2, 7, 32, 64, 1000):
         for max_pages in (1, 1024, 8256, 16448, 70000):
@@ -272,7 +272,7 @@ def test_selection_grid_stays_resident(monkeypatch, sms):
 def test_selection_grid_takes_the_smallest_resident_tile(monkeypatch):
     """H200 (132 SMs): Llama-3.1-8B bs=4 in a 132096-token graph gets 17 programs per row of 512-page tiles (8 of
     2048, half masked, under 2 programs per SM); where no tile's programs fit, 2 per SM as before."""
-    monkeypatch.setattr(selected_indices, "num_sms", lambda device: 132)
+    monkeypatch.setattr(page_selection, "num_sms", lambda device: 132)
     cpu = torch.device("cpu")
     assert selection_parts(32, 8256, cpu, 4) == 17 and selection_tile(8256, 17, 4) == 512
     assert selection_parts(8, 8256, cpu, 4) == 17                           # bs=1: as before
@@ -303,17 +303,17 @@ def test_resident_grid_asks_the_driver_until_the_grid_fits(monkeypatch):
             asked.append(grid[1])
             return consts
 
-    monkeypatch.setattr(selected_indices, "_select_kernel", Kernel)
-    monkeypatch.setattr(selected_indices, "resident_blocks", lambda consts: 3 if consts["BLOCK"] <= 512 else 1)
+    monkeypatch.setattr(page_selection, "_select_kernel", Kernel)
+    monkeypatch.setattr(page_selection, "resident_blocks", lambda consts: 3 if consts["BLOCK"] <= 512 else 1)
 
     def grid(parts):
         return (), dict(BLOCK=selection_tile(8256, parts, 4), SYNC=parts > 1)
 
     # 2 rows: 17 -> 12 (3 x 8 SMs / 2 rows; 1024-page tiles: 1 per SM) -> 4 (2048-page tiles, 1 per SM: fits)
-    assert selected_indices._resident_grid(grid, 2, 17, 8, {}) == 4
+    assert page_selection._resident_grid(grid, 2, 17, 8, {}) == 4
     assert asked == [17, 12, 4]
-    assert selected_indices._resident_grid(grid, 32, 17, 8, {}) == 1   # fewer resident programs than rows
-    assert selected_indices._resident_grid(grid, 2, 1, 8, {}) == 1     # one program: never asked
+    assert page_selection._resident_grid(grid, 32, 17, 8, {}) == 1   # fewer resident programs than rows
+    assert page_selection._resident_grid(grid, 2, 1, 8, {}) == 1     # one program: never asked
     assert asked == [17, 12, 4, 17]
 
 
@@ -325,7 +325,7 @@ def test_driver_confirms_the_selection_grids_resident_programs(rows, width, grou
     bs=1/4/8 at 128K, bs=1 1M; GLM-4-9B-1M 1M and 128K): the model did not overestimate."""
     from sglang_locks.kernels._triton import resident_blocks
 
-    monkeypatch.setattr(selected_indices, "_RESIDENT_PARTS", {})
+    monkeypatch.setattr(page_selection, "_RESIDENT_PARTS", {})
     device = torch.device("cuda")
     hkv = rows if group == 4 else 2
     bsz = rows // hkv
@@ -335,7 +335,7 @@ def test_driver_confirms_the_selection_grids_resident_programs(rows, width, grou
     table = torch.zeros(bsz, width * 16 + 16, dtype=torch.int32, device=device)
     parts = selection_parts(rows, width, device, group)
     seen = []
-    monkeypatch.setattr(selected_indices, "resident_blocks", lambda compiled: seen.append(resident_blocks(compiled))
+    monkeypatch.setattr(page_selection, "resident_blocks", lambda compiled: seen.append(resident_blocks(compiled))
                         or seen[-1])
     indptr = torch.arange(rows + 1, dtype=torch.int32, device=device) * 129
     selected_indices_triton(PageScores(scores, partials, partials), table, torch.arange(bsz, device=device), lens,
@@ -344,7 +344,7 @@ def test_driver_confirms_the_selection_grids_resident_programs(rows, width, grou
                             SelectionState(rows, device))
     torch.cuda.synchronize()
     assert seen and seen[0] > 0 and rows * parts <= seen[0] * num_sms(device)
-    assert list(selected_indices._RESIDENT_PARTS.values()) == [parts]
+    assert list(page_selection._RESIDENT_PARTS.values()) == [parts]
 
 
 @pytest.mark.gpu
@@ -356,13 +356,13 @@ def test_a_grid_the_driver_cannot_fit_is_launched_smaller_and_selects_the_same(m
     c = random_cache(seq_lens, hkv, 64, device="cuda")
     lens = c["seq_lens"].cpu().tolist()
     scored = _scored(lens, hkv, group, seed=3, chunks=37)
-    monkeypatch.setattr(selected_indices, "_RESIDENT_PARTS", {})
+    monkeypatch.setattr(page_selection, "_RESIDENT_PARTS", {})
     _, want = _select(c, scored, hkv, cfg, SelectionState(2, "cuda"))
-    (usual,) = selected_indices._RESIDENT_PARTS.values()
-    monkeypatch.setattr(selected_indices, "_RESIDENT_PARTS", {})
-    monkeypatch.setattr(selected_indices, "resident_blocks", lambda compiled: 1)
+    (usual,) = page_selection._RESIDENT_PARTS.values()
+    monkeypatch.setattr(page_selection, "_RESIDENT_PARTS", {})
+    monkeypatch.setattr(page_selection, "resident_blocks", lambda compiled: 1)
     _, got = _select(c, scored, hkv, cfg, SelectionState(2, "cuda"))
-    (fewer,) = selected_indices._RESIDENT_PARTS.values()
+    (fewer,) = page_selection._RESIDENT_PARTS.values()
     assert 1 < fewer < usual and 2 * fewer <= num_sms(torch.device("cuda"))
     assert torch.equal(got, want)
 

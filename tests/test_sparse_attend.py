@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers import random_cache
-from sglang_locks.kernels.selected_indices import selected_indices_torch
+from sglang_locks.kernels.page_selection import selected_indices_torch
 from sglang_locks.kernels.sparse_attend import SparseAttendBuffers, attend_launch, sparse_attend_triton
 from sglang_locks.selection import selected_pages
 from sglang_locks.sparse_decode import dense_decode_reference, sparse_decode_reference
@@ -158,7 +158,7 @@ def test_decoders_of_several_batch_sizes_share_one_selection_state(device, group
     after every step, and a state too small for a decoder is refused."""
     from sglang_locks.config import LocksConfig
     from sglang_locks.decode import LocksDecode
-    from sglang_locks.kernels.selected_indices import SelectionState
+    from sglang_locks.kernels.page_selection import SelectionState
 
     hkv = 2
     cfg = LocksConfig(token_budget=64, sparse_decode="triton")  # 4 pages: every row below selects

@@ -6,7 +6,7 @@ registers hooks; each hook is a no-op unless the server runs with --enable-locks
 
 from __future__ import annotations
 
-from . import counters, graph_variants, memory, server_args, summary_store
+from . import audit, counters, graph_variants, memory, server_args, summary_store
 from .compat import SUPPORTED_SGLANG_VERSIONS, supported_range
 
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
@@ -27,6 +27,7 @@ HOOKS = (
     ("sglang.srt.managers.scheduler.Scheduler.get_internal_state", counters.add_locks_state, "AFTER"),
     (f"{DECODE_GRAPHS}.capture_one_shape", graph_variants.capture_each_variant, "AROUND"),
     (f"{DECODE_GRAPHS}._make_graph_key", graph_variants.key_with_variant, "AROUND"),
+    ("sglang.srt.model_executor.model_runner.ModelRunner.forward", audit.audit_after_forward, "AFTER"),
 )
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -27,20 +26,18 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.runtime_context import get_parallel
 
 from ..config import PAGE_SIZE, LocksConfig
-from ..decode import LocksDecode
-from ..kernels.build_summaries import head_dim_reason
-from ..kernels.selected_indices import SelectionState
-from ..kernels.score_pages import MAX_GROUP
+from ..decode import LocksDecode, SelectionState
+from ..environment import read_environment
 from ..scoring import candidate_buffer
+from ..support import attention_shape_reason
+from .audit import RecallAudit
 from .graph_variants import DENSE, LOCKS, default_min_step_tokens, step_variant
-from .server_args import check_context_len
+from .server_args import check_context_len, locks_audit_of
 from .summary_store import SealedPages, SummaryStore, attach_store, store_for_pool
 
 logger = logging.getLogger(__name__)
 
 LOCKS_WORKSPACE_BYTES = 128 * 1024 * 1024
-# Debug: count, every decode step, pages that would be scored from an invalid summary (see SummaryStore).
-CHECK_ENV = "SGLANG_LOCKS_CHECK_STALE"
 
 
 def _unsupported(runner) -> Optional[str]:
@@ -59,15 +56,8 @@ def _unsupported(runner) -> Optional[str]:
     layout = getattr(getattr(runner, "token_to_kv_pool", None), "kv_cache_layout", "nhd")
     if layout != "nhd":  # the kernels read token-major [slots, H_kv, d] buffers
         return f"KV cache layout {layout} (token-major nhd only; unset SGLANG_USE_HND_KVCACHE)"
-    reason = head_dim_reason(mc.head_dim)
-    if reason:
-        return reason
     tp = get_parallel().attn_tp_size
-    q_heads, kv_heads = mc.num_attention_heads // tp, mc.get_num_kv_heads(tp)
-    if q_heads % kv_heads or not 1 <= q_heads // kv_heads <= MAX_GROUP:
-        return (f"{q_heads} query heads on {kv_heads} KV heads per GPU (1..{MAX_GROUP} query heads per KV head, "
-                "which the score kernel holds in one tile)")
-    return None
+    return attention_shape_reason(mc.head_dim, mc.num_attention_heads // tp, mc.get_num_kv_heads(tp))
 
 
 def _attention_layers(model) -> Dict[int, RadixAttention]:
@@ -103,6 +93,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.q_dtype, self.kv_dtype = runner.dtype, runner.kv_cache_dtype
         self.static_max_pages = -(-self.max_context_len // PAGE_SIZE)
         self.store = self._store_for(runner, locks_layers)
+        self.audit = self._audit_for(runner, locks_layers)
         # The decode step's keys and values go into the cache inside the selection launch (CacheWrite), not by a
         # store launch of their own, where that is a plain copy.
         pool = self.token_to_kv_pool
@@ -124,7 +115,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.short_rows: Optional[torch.Tensor] = None  # and rows decoded densely [bs]
         self.decoder: Optional[LocksDecode] = None
         self.sealed: Optional[SealedPages] = None
-        self.check_stale = os.environ.get(CHECK_ENV, "0") == "1"
+        self.check_stale = read_environment().check_stale
         self.min_step_tokens = (default_min_step_tokens(self.num_kv_heads) if config.min_step_tokens is None
                                 else config.min_step_tokens)
         self.variant = LOCKS  # of the decode step being planned, or of the graph being captured
@@ -145,6 +136,20 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
                         num_pages, len(locks_layers), self.num_kv_heads, store.nbytes() / 2**30,
                         self.config.summary_precision, self.config.rank)
         return store
+
+    def _audit_for(self, runner, locks_layers) -> Optional[RecallAudit]:
+        config = locks_audit_of(runner.server_args)
+        if config is None:
+            return None
+        from .audit_metrics import AuditMetrics  # imports prometheus_client, in the scheduler process
+
+        labels = {"model_name": runner.server_args.served_model_name, "tp_rank": str(get_parallel().tp_rank)}
+        metrics = AuditMetrics(labels)
+        audit = RecallAudit(config, locks_layers, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+                            self.config.budget_pages, self.q_dtype, runner.device, self.store, metrics)
+        logger.info("LOCKS recall audit every %d LOCKS decode steps: layers %s, the batch's first %d requests",
+                    config.every, [layer for layer, _ in audit.groups], config.requests)
+        return audit
 
     # ------------------------------------------------------------ per-step metadata
     def graph_variants(self) -> Tuple[str, ...]:
@@ -273,6 +278,19 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.sealed = self.store.sealed_by_extend(self.req_to_token_pool.req_to_token, fb.req_pool_indices,
                                                   fb.extend_prefix_lens_cpu, fb.seq_lens_cpu)
 
+    def locks_audit_step(self, fb) -> None:
+        """After a forward (audit.audit_after_forward): every N-th LOCKS decode step, the recall audit of the rows
+        the step captured, read while its lengths, request rows and KV are still the step's."""
+        if (self.audit is None or not fb.forward_mode.is_decode() or self.variant != LOCKS
+                or not self.audit.due()):
+            return
+        n = min(self.audit.config.requests, fb.batch_size)
+        max_tokens = int(fb.seq_lens_cpu[:n].max())
+        tables = self.req_to_token_pool.req_to_token[fb.req_pool_indices[:n], :max_tokens]
+        pool = self.token_to_kv_pool
+        self.audit.run({layer: pool.get_key_buffer(layer) for layer in self.audit.slot_of}, tables,
+                       self.locks_seq_lens[:n], max_tokens, self.decoder.sparse.indptr, self.sm_scale)
+
     # ------------------------------------------------------------ per-layer work
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         o = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
@@ -300,6 +318,8 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         o = self.decoder.run(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
                              self.store.layer(layer.layer_id), self.req_to_token_pool.req_to_token,
                              forward_batch.req_pool_indices[:bs], self.locks_seq_lens, new_kv)
+        if self.audit is not None:
+            self.audit.capture(layer.layer_id, q3, self.decoder.sparse.indices)
         if self.dense_rows:
             dense = super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache=False)
             o = torch.where(self.short_rows[:, None, None], dense.view_as(o), o)

@@ -70,8 +70,7 @@ def decoder_bytes(config: LocksConfig, capture_bs: Sequence[int], num_qo_heads: 
     and, per decode batch size in capture_bs (CUDA graphs), a LocksDecode sharing the prefilter's candidates and
     the SelectionState of the largest. Measured by building them on the meta device with the code that allocates
     them (eager decoders, sized by the running batch, are left to SGLang's activation headroom)."""
-    from ..decode import LocksDecode
-    from ..kernels.selected_indices import SelectionState
+    from ..decode import LocksDecode, SelectionState
     from ..scoring import candidate_buffer
     from .attention_backend import LOCKS_WORKSPACE_BYTES
 

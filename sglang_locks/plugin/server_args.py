@@ -15,8 +15,9 @@ import os
 import re
 from typing import List, Optional, Tuple
 
-from ..config import PAGE_SIZE, SPARSE_DECODE_KERNELS, SUMMARY_PRECISIONS, LocksConfig
+from ..config import PAGE_SIZE, SPARSE_DECODE_KERNELS, LocksConfig
 from . import compat
+from .audit import AuditConfig
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,6 @@ FLAGS = {
     "dense_layers": "--locks-dense-layers",
     "min_context": "--locks-min-context",
     "min_step_tokens": "--locks-min-step-tokens",
-    "summary_precision": "--locks-summary-precision",
     "prefilter": "--locks-prefilter",
     "prefilter_rank": "--locks-prefilter-rank",
     "sparse_decode": "--locks-sparse-decode",
@@ -75,8 +75,9 @@ def add_locks_args(_result, parser: argparse.ArgumentParser) -> None:
                    help="Ranks of each page's summary in the prefilter's estimate, 0..--locks-rank (0: centroid only).")
     g.add_argument("--locks-sparse-decode", choices=SPARSE_DECODE_KERNELS, default=_DEFAULTS.sparse_decode,
                    help="Kernel attending the selected pages: triton (split over pages) or FlashInfer's batch decode.")
-    g.add_argument("--locks-summary-precision", choices=SUMMARY_PRECISIONS, default=_DEFAULTS.summary_precision,
-                   help="Storage of the page summaries.")
+    g.add_argument("--locks-audit-every", type=int, default=0, metavar="N",
+                   help="Every N-th LOCKS decode step, measure the share of the exact attention mass the selected "
+                        "pages held, for sampled rows, on /metrics (needs --enable-metrics; 0: off).")
 
 
 def _flag_error(message: str) -> ValueError:
@@ -124,7 +125,7 @@ def locks_config_from_args(ns: argparse.Namespace) -> Optional[LocksConfig]:
     try:
         config = LocksConfig(rank=ns.locks_rank, token_budget=ns.locks_token_budget, sink_pages=ns.locks_sink_pages,
                              local_pages=ns.locks_local_pages, dense_layers=tuple(ns.locks_dense_layers),
-                             summary_precision=ns.locks_summary_precision, min_context=min_context,
+                             min_context=min_context,
                              min_step_tokens=ns.locks_min_step_tokens, prefilter=ns.locks_prefilter,
                              prefilter_rank=ns.locks_prefilter_rank, sparse_decode=ns.locks_sparse_decode)
     except ValueError as e:
@@ -183,8 +184,23 @@ def _reject_unsupported(ns: argparse.Namespace) -> None:
              "without LOCKS's host-side plan (the step's sealed pages and its LOCKS or dense variant)")
 
 
+def audit_config_from_args(ns: argparse.Namespace) -> Optional[AuditConfig]:
+    """The recall audit's config (with --enable-locks), None when off. ValueError names the flag."""
+    every = ns.locks_audit_every
+    if every == 0:
+        return None
+    if every < 0:
+        raise ValueError(f"--enable-locks: --locks-audit-every must be >= 1 (audit every N-th LOCKS decode step) "
+                         f"or 0 (off), got {every}")
+    if not ns.enable_metrics:
+        raise ValueError("--enable-locks: --locks-audit-every needs --enable-metrics (the audit's results are "
+                         "exported on /metrics only)")
+    return AuditConfig(every=every)
+
+
 def from_cli_args_with_locks(original, cls, ns: argparse.Namespace):
     config = locks_config_from_args(ns)
+    audit = audit_config_from_args(ns) if config is not None else None
     if config is not None:
         ns.page_size = PAGE_SIZE
         ns.attention_backend = "flashinfer"
@@ -193,6 +209,7 @@ def from_cli_args_with_locks(original, cls, ns: argparse.Namespace):
         os.environ["SGLANG_FORCE_COARSE_WAR_BARRIER"] = "1"
     server_args = original(cls, ns)
     compat.set_server_args_attr(server_args, "locks_config", config)  # pickled with it to every process
+    compat.set_server_args_attr(server_args, "locks_audit", audit)
     if config is not None:
         logger.info("LOCKS enabled: %s", dataclasses.asdict(config))
     return server_args
@@ -200,3 +217,7 @@ def from_cli_args_with_locks(original, cls, ns: argparse.Namespace):
 
 def locks_config_of(server_args) -> Optional[LocksConfig]:
     return getattr(server_args, "locks_config", None)
+
+
+def locks_audit_of(server_args) -> Optional[AuditConfig]:
+    return getattr(server_args, "locks_audit", None)

@@ -213,14 +213,20 @@ class SummaryStore:
     def count_step(self, variant: str) -> None:
         self.decode_steps[variant] += 1
 
-    def counters(self) -> Dict[str, int]:
-        dropped = int(self._dropped)
+    def device_counts(self) -> torch.Tensor:
+        """The counters kept on the device, [dropped released pages, stale scorable pages] (int64)."""
+        return torch.stack([self._dropped, self._stale_scorable])
+
+    def counters(self, device_counts: Optional[Sequence[int]] = None) -> Dict[str, int]:
+        """device_counts: device_counts() as read earlier (the audit's copy, which need not wait for the device);
+        None: read now."""
+        dropped, stale = (int(x) for x in (self.device_counts() if device_counts is None else device_counts))
         return {
             "built_pages": self.built_pages - dropped,
             "reused_pages": self.reused_pages,
             "released_pages": self.released_pages,
             "dropped_released_pages": dropped,
-            "stale_scorable_pages": int(self._stale_scorable),
+            "stale_scorable_pages": stale,
             "store_bytes": self.nbytes(),
             "locks_decode_steps": self.decode_steps["locks"],
             "dense_decode_steps": self.decode_steps["dense"],

@@ -1,4 +1,4 @@
-"""selected_indices: top pages of each (request, KV head) -> FlashInfer page entries, in one launch.
+"""page_selection: top pages of each (request, KV head) -> FlashInfer page entries, in one launch.
 
 Output. Row (b, h) of the sparse decode attends 16-token pages of KV head h:
 its selected sealed pages (all of them, in logical order, when they fit in
