@@ -21,18 +21,17 @@ median throughput and their ratio. Exits 1 when a check fails.
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from e2e_decode import header  # noqa: E402
 from server_process import Server  # noqa: E402
 
 RECALL = re.compile(r'^sglang:locks_audit_recall_(sum|count)\{([^}]*)\} (\S+)$')
@@ -71,19 +70,6 @@ def decode_throughput(server: Server, prompts, short: int, decode: int, reps: in
     return rates
 
 
-def header(argv) -> dict:
-    def sh(cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-        except Exception:  # noqa: BLE001 - no GPU / no git
-            return ""
-
-    return dict(gpu=sh(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or "none",
-                git=os.environ.get("GIT_REV") or sh(["git", "rev-parse", "--short", "HEAD"]),
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                command=" ".join(["python3", "benchmarks/audit_server.py", *argv]))
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,7 +97,8 @@ def main(argv=None) -> int:
     modes = {"off": [], "audit": ["--locks-audit-every", str(args.every)]}
     equality = source_prompts([int(n) for n in args.equality_lengths.split(",")])
     batch = source_prompts([args.prompt_tokens] * args.batch, seed_offset=100)
-    result = {**header(argv), "every": args.every, "budget": args.budget, "batch": args.batch,
+    result = {**header(argv), "command": " ".join(["python3", "benchmarks/audit_server.py", *argv]),
+              "every": args.every, "budget": args.budget, "batch": args.batch,
               "prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode, "rounds": []}
     tokens = {}
     for round_ in range(args.rounds):

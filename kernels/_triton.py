@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..environment import read_environment
+from ..environment import dependent_launch_enabled
 
 # The decode chain (score -> select -> attend -> merge). "score" is the Gluon score kernel (score_pages_gluon),
 # "score_heads" its form for 16 query heads per KV head (score_pages_gluon_heads).
@@ -96,7 +96,7 @@ def dependent_launch(device: torch.device, kernel: str) -> dict:
     if _dependent_override is not None:
         chain = _dependent_override
     else:
-        chain = DEPENDENT_KERNELS if read_environment().dependent_launch else ()
+        chain = DEPENDENT_KERNELS if dependent_launch_enabled() else ()
     if kernel not in chain or interpreted() or device.type != "cuda":
         return {"PDL": 0}
     if not _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device()):

@@ -29,9 +29,13 @@ def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
     return value == "1"
 
 
+def dependent_launch_enabled(environ: Mapping[str, str] = None) -> bool:
+    """Environment.dependent_launch alone: read at every launch of the decode chain, so only its variable."""
+    return _flag(os.environ if environ is None else environ, DEPENDENT_LAUNCH_ENV, Environment.dependent_launch)
+
+
 def read_environment(environ: Mapping[str, str] = None) -> Environment:
     """The switches as the process's environment (or environ) sets them; unset ones take Environment's defaults."""
     environ = os.environ if environ is None else environ
-    default = Environment()
-    return Environment(dependent_launch=_flag(environ, DEPENDENT_LAUNCH_ENV, default.dependent_launch),
-                       check_stale=_flag(environ, CHECK_STALE_ENV, default.check_stale))
+    return Environment(dependent_launch=dependent_launch_enabled(environ),
+                       check_stale=_flag(environ, CHECK_STALE_ENV, Environment.check_stale))

@@ -113,10 +113,12 @@ def locks_scores_triton(q, summaries, req_to_token, req_pool_indices, seq_lens, 
     """
     args = (q, summaries, req_to_token, req_pool_indices, seq_lens, max_pages, sm_scale)
     if not prefiltered(config, max_pages):
+        kernel = full_score_kernel(q, summaries, {})
         mass = None
-        if full_score_kernel(q, summaries, {}) == "gluon" and q.shape[1] >= MASS_MIN_GROUP * summaries.num_kv_heads:
+        if kernel == "gluon" and q.shape[1] >= MASS_MIN_GROUP * summaries.num_kv_heads:
             mass = state.mass
-        return PageScores(*score_pages_full(*args, **({} if mass is None else {"mass": mass})), None, mass)
+        options = {"kernel": kernel} if mass is None else {"kernel": kernel, "mass": mass}
+        return PageScores(*score_pages_full(*args, **options), None, mass)
     bsz, hq, _ = q.shape
     hkv = summaries.num_kv_heads
     rows, m = bsz * hkv, config.candidate_pages
