@@ -3,7 +3,7 @@
 #
 #   GIT_REV=$(git rev-parse --short HEAD) bash benchmarks/h200_run.sh PHASE [args...]
 #
-#   tests    GPU tests of the core library (~3 min)                     -> gpu_tests.log
+#   tests    GPU tests (TEST_WORKERS xdist workers, 8) and the plugin tests -> gpu_tests.log
 #   kernels  the Triton score kernel's launch sweep, then the attention  -> score_sweep.json, attention_decode.json
 #            step of all layers as the server runs it (~5 min; args go to attention_decode.py)
 #   server   the SGLang server test: greedy equality, long contexts,    -> server_gpu.log, server logs
@@ -40,7 +40,14 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 case "$phase" in
 tests)
-    python3 -m pytest -q -rs tests --ignore=tests/test_server_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    # Triton's JIT dominates a fresh machine: the GPU tests spread over pytest-xdist workers (the image has it);
+    # the plugin tests (CPU stand-ins, one child pytest) beside them, their log appended
+    python3 -m pytest -q -rs -p no:cacheprovider tests/test_plugin_*.py > "$OUT/plugin_tests.log" 2>&1 &
+    plugin_tests=$!
+    python3 -m pytest -q -rs -n "${TEST_WORKERS:-8}" tests --ignore=tests/test_server_gpu.py \
+        --ignore-glob='tests/test_plugin_*.py' 2>&1 | tee "$OUT/gpu_tests.log"
+    status=$?; wait $plugin_tests || status=1
+    cat "$OUT/plugin_tests.log" >> "$OUT/gpu_tests.log"; rm "$OUT/plugin_tests.log"; exit $status ;;
 kernels)
     (cd benchmarks && python3 score_sweep.py --out "$OUT/score_sweep.json") 2>&1 | tee "$OUT/score_sweep.log"
     (cd benchmarks && python3 attention_decode.py --out "$OUT/attention_decode.json" "$@") 2>&1 \

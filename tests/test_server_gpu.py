@@ -37,6 +37,10 @@ def start_server(name, port, flags, env=None):
 
 
 EQUALITY_PROMPTS = prompts(1, [17, 300, 1000, 1555, 1990])  # + 32 new tokens: within the 2048-token budget
+# One batch over a shared 1208-token prefix (75.5 pages: the sharing ends mid-page), own parts of mixed lengths;
+# every request within the budget, the batch's KV far past --locks-min-step-tokens: LOCKS steps, all pages kept.
+SHARED_PREFIX = prompts(5, [1208])[0]
+SHARED_BATCH = [SHARED_PREFIX + own for own in prompts(6, [9, 150, 401, 777, 33, 620])]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,9 @@ def stock_outputs():
     """Greedy tokens of the stock server (stopped before the LOCKS server starts: one GPU)."""
     s = start_server("stock", 30011, ["--attention-backend", "flashinfer", "--page-size", "16"])
     try:
-        return [r["output_ids"] for r in s.generate_all(EQUALITY_PROMPTS)]
+        single = [r["output_ids"] for r in s.generate_all(EQUALITY_PROMPTS)]
+        s.generate(SHARED_PREFIX, max_new_tokens=1)  # the prefix cached first, as in the LOCKS server's run
+        return single, [r["output_ids"] for r in s.generate_all(SHARED_BATCH)]
     finally:
         s.stop()
 
@@ -58,10 +64,24 @@ def locks(stock_outputs):
     s.stop()
 
 
-def test_greedy_tokens_equal_stock_when_budget_covers_the_context(stock_outputs, locks):
-    got = [r["output_ids"] for r in locks.generate_all(EQUALITY_PROMPTS)]
-    for n, w, g in zip(map(len, EQUALITY_PROMPTS), stock_outputs, got):
+def assert_same_tokens(batch, want, got):
+    for n, w, g in zip(map(len, batch), want, got):
         assert g == w, f"prompt of {n} tokens: first difference at {next(i for i, (a, b) in enumerate(zip(w, g)) if a != b)}"
+
+
+def test_greedy_tokens_equal_stock_when_budget_covers_the_context(stock_outputs, locks):
+    assert_same_tokens(EQUALITY_PROMPTS, stock_outputs[0], [r["output_ids"] for r in locks.generate_all(EQUALITY_PROMPTS)])
+
+
+def test_shared_prefix_batch_equals_stock_when_budget_covers_the_context(stock_outputs, locks):
+    """Six requests on one cached prefix decode in one batch (a CUDA graph), each scoring the shared pages."""
+    locks.generate(SHARED_PREFIX, max_new_tokens=1)
+    before = locks.locks_counters()
+    got = [r["output_ids"] for r in locks.generate_all(SHARED_BATCH)]
+    after = locks.locks_counters()
+    assert after["reused_pages"] - before["reused_pages"] >= len(SHARED_BATCH) * (len(SHARED_PREFIX) // 16)
+    assert after["locks_decode_steps"] - before["locks_decode_steps"] >= 31
+    assert_same_tokens(SHARED_BATCH, stock_outputs[1], got)
 
 
 @pytest.mark.parametrize("index, variant", [(0, "dense"), (3, "locks")])
@@ -73,7 +93,7 @@ def test_each_step_takes_its_variant_and_matches_stock(stock_outputs, locks, ind
     steps = {v: after[f"{v}_decode_steps"] - before[f"{v}_decode_steps"] for v in ("dense", "locks")}
     other = "locks" if variant == "dense" else "dense"
     assert steps[variant] >= 31 and steps[other] == 0, steps
-    assert got == stock_outputs[index]
+    assert got == stock_outputs[0][index]
 
 
 def test_long_contexts_served_concurrently_with_budget_2048(locks):
