@@ -84,6 +84,7 @@ from sglang_locks.config import PAGE_SIZE  # noqa: E402
 GSP, AGENTIC = "generated-shared-prefix", "agentic-trace"
 MODES = ("fullkv", "locks", "locks_prefilter")
 DEFAULT_MODES = ("fullkv", "locks")
+MODE_MARKERS = {"fullkv": "o", "locks": "s", "locks_prefilter": "^"}
 # locks_prefilter: --locks-prefilter F --locks-prefilter-rank R on top of locks (every page estimated from its
 # centroid and first R ranks, F x budget pages a row scored in full).
 PREFILTER, PREFILTER_RANK = 8, 2
@@ -307,12 +308,13 @@ def plot(json_path: str) -> str:
         label = f"{shape} {'agents' if dataset == AGENTIC else f'{groups}x{prompts}'} sys {system_len}"
         for mode, points in sorted(modes.items()):
             x, y = zip(*sorted(points))
-            ax.plot(x, y, marker="o", color=f"C{i % 10}", linestyle="-" if mode == "fullkv" else "--",
+            # markers as well as line styles: a case run at one concurrency is a point, not a line
+            ax.plot(x, y, marker=MODE_MARKERS[mode], color=f"C{i % 10}", linestyle="-" if mode == "fullkv" else "--",
                     label=f"{label} {mode}")
     ticks = sorted({r["concurrency"] for r in rows})
     ax.set_xscale("log", base=2)
     ax.set(xticks=ticks, xticklabels=[str(t) for t in ticks], xlabel="concurrency (bench_serving --max-concurrency)",
-           ylabel="output throughput (tok/s)", title="SGLang server: FullKV (solid) vs LOCKS (dashed)")
+           ylabel="output throughput (tok/s)", title="SGLang server: FullKV (solid, o) vs LOCKS (dashed)")
     ax.minorticks_off()
     ax.legend(fontsize=7)
     out = os.path.splitext(json_path)[0] + ".png"

@@ -2,7 +2,8 @@
 what it costs in decode throughput.
 
     GIT_REV=$(git rev-parse --short HEAD) python3 benchmarks/audit_server.py --out $OUT/audit_server.json \
-        [--model benchmarks/models/tiny-llama-pycode] [--every 64] [--rounds 2] [--reps 5] [--log-dir DIR]
+        [--model benchmarks/models/tiny-llama-pycode] [--load-format dummy] [--every 64] [--rounds 2] [--reps 5] \
+        [--log-dir DIR]
 
 Servers one at a time on one GPU, CUDA graphs on, all with --enable-locks
 --locks-min-step-tokens 0 (every decode step through LOCKS) --enable-metrics
@@ -75,6 +76,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default=os.path.join(ROOT, "benchmarks", "models", "tiny-llama-pycode"))
+    ap.add_argument("--load-format", default="auto", help="'dummy' for a config-only model such as the kit's "
+                    "llama8b-dummy (the cost of the audit is measurable there, its recall is not meaningful)")
     ap.add_argument("--every", type=int, default=64)
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=2)
@@ -89,7 +92,8 @@ def main(argv=None) -> int:
     ap.add_argument("--log-dir", default=None)
     args = ap.parse_args(argv)
     log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(args.out)), "audit_logs")
-    common = ["--model-path", args.model, "--skip-tokenizer-init", "--context-length",
+    common = ["--model-path", args.model, "--load-format", args.load_format, "--skip-tokenizer-init",
+              "--context-length",
               str(max(args.prompt_tokens, *map(int, args.equality_lengths.split(","))) + 1024),
               "--mem-fraction-static", "0.5", "--cuda-graph-max-bs", "8", "--disable-prefill-cuda-graph",
               "--disable-radix-cache", "--enable-metrics", "--enable-locks", "--locks-min-step-tokens", "0",

@@ -29,10 +29,11 @@ def shared_cache(seed, hkv, precision, batch, device="cpu"):
 
 @pytest.mark.parametrize("hkv, group, batch", CASES)
 @pytest.mark.parametrize("precision", ["int8-int4-int8", "fp32"])
-def test_shared_runs_scored_once_give_each_requests_scores(hkv, group, batch, precision):
-    (req_to_token, rpi, seq_lens), sealed, summaries = shared_cache(len(batch["groups"]) + group, hkv, precision, batch)
+def test_shared_runs_scored_once_give_each_requests_scores(hkv, group, batch, precision, device):
+    (req_to_token, rpi, seq_lens), sealed, summaries = shared_cache(len(batch["groups"]) + group, hkv, precision, batch,
+                                                                    device)
     max_pages = max(len(t) for t in sealed) + 3
-    q = torch.randn(len(sealed), hkv * group, 128, generator=torch.Generator().manual_seed(group)).bfloat16()
+    q = torch.randn(len(sealed), hkv * group, 128, generator=torch.Generator().manual_seed(group)).bfloat16().to(device)
     runs = shared_runs(req_to_token, rpi, seq_lens, max_pages)
     assert int((runs.shared_pages > 0).sum()) >= 2  # the case shares pages
     args = (summaries, req_to_token, rpi, seq_lens, max_pages, 128**-0.5)
@@ -48,19 +49,20 @@ def test_shared_runs_scored_once_give_each_requests_scores(hkv, group, batch, pr
     assert torch.allclose(lse[has_pages], want[has_pages], atol=1e-3, rtol=1e-3)
 
 
-def test_a_shared_run_is_read_once_for_all_its_members(monkeypatch):
+def test_a_shared_run_is_read_once_for_all_its_members(device):
     """The shared launch reads the group's pages from its leader's table alone: another member's table, emptied
     past its own pages, changes nothing of its scores."""
     hkv, group, batch = CASES[0]
-    (req_to_token, rpi, seq_lens), sealed, summaries = shared_cache(1, hkv, "fp32", batch)
+    (req_to_token, rpi, seq_lens), sealed, summaries = shared_cache(1, hkv, "fp32", batch, device)
     max_pages = max(len(t) for t in sealed) + 1
-    q = torch.randn(len(sealed), hkv * group, 128)
+    q = torch.randn(len(sealed), hkv * group, 128).to(device)
     runs = shared_runs(req_to_token, rpi, seq_lens, max_pages)
     shared, _ = score_segments_of(runs, seq_lens, max_pages)
     member = next(b for b in range(len(sealed)) if runs.leader[b] != b and runs.shared_pages[b] > 0)
     n = int(runs.shared_pages[member])
-    out = (torch.full((len(sealed), hkv * group, max_pages), float("nan")),
-           torch.full((len(sealed), hkv * group, 4), float("-inf")), torch.zeros(len(sealed), hkv * group, 4))
+    rows = (len(sealed), hkv * group)
+    out = (torch.full((*rows, max_pages), float("nan"), device=device),
+           torch.full((*rows, 4), float("-inf"), device=device), torch.zeros(*rows, 4, device=device))
     blanked = req_to_token.clone()
     blanked[int(rpi[member]), : n * 16] = 0  # page 0: a summary of zeros, unlike any real page's
     for table in (req_to_token, blanked):

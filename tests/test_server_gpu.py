@@ -66,11 +66,13 @@ def locks(stock_outputs):
 
 def assert_same_tokens(batch, want, got):
     for n, w, g in zip(map(len, batch), want, got):
-        assert g == w, f"prompt of {n} tokens: first difference at {next(i for i, (a, b) in enumerate(zip(w, g)) if a != b)}"
+        first = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
+        assert g == w, f"prompt of {n} tokens: first difference at {first}"
 
 
 def test_greedy_tokens_equal_stock_when_budget_covers_the_context(stock_outputs, locks):
-    assert_same_tokens(EQUALITY_PROMPTS, stock_outputs[0], [r["output_ids"] for r in locks.generate_all(EQUALITY_PROMPTS)])
+    got = [r["output_ids"] for r in locks.generate_all(EQUALITY_PROMPTS)]
+    assert_same_tokens(EQUALITY_PROMPTS, stock_outputs[0], got)
 
 
 def test_shared_prefix_batch_equals_stock_when_budget_covers_the_context(stock_outputs, locks):
