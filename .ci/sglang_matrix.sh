@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${SGLANG_MATRIX_DIR:-${TMPDIR:-/tmp}/sglang-matrix}
 PINS=tests/requirements-sglang-cpu.txt
-TESTS=(tests/test_plugin_args.py tests/test_plugin_store.py tests/test_plugin_load.py tests/test_plugin_memory.py
+TESTS=(tests/test_plugin_args.py tests/test_plugin_store.py tests/test_plugin_hicache.py tests/test_plugin_load.py tests/test_plugin_memory.py
        tests/test_plugin_graph_variants.py tests/test_plugin_versions.py)
 
 DEFAULT=$(sed -n 's/^sglang==//p' "$PINS")
@@ -42,10 +42,11 @@ import sys; sys.path.insert(0, "tests")
 import sglang_cpu_env; sglang_cpu_env.install()
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang_locks.plugin import HOOKS
+from sglang_locks.plugin import HOOKS, optional_hooks
 load_plugins()
-missing = [t for t, _, _ in HOOKS if t not in HookRegistry._patched]
-print(f"hooks: {len(HOOKS) - len(missing)} of {len(HOOKS)} applied", *missing, sep="\n  ")
+targets = [t for t, _, _ in (*HOOKS, *optional_hooks())]
+missing = [t for t in targets if t not in HookRegistry._patched]
+print(f"hooks: {len(targets) - len(missing)} of {len(targets)} applied", *missing, sep="\n  ")
 sys.exit(1 if missing else 0)'
 
 # One venv installed as .ci/run installs it (the default SGLang and pins); each release's venv starts as hard links

@@ -92,19 +92,20 @@ LOAD_PLUGINS_THEN = "from sglang.srt.plugins import load_plugins; load_plugins()
 
 
 def sglang_flags(shape: str, mode: str, batch: int, max_context: int, budget: int, locks_args: tuple = (),
-                 model: str = None) -> list:
-    """model: another folder for the shape's (default: the kit's dummy model)."""
+                 model: str = None, kv_cache_dtype: str = "auto") -> list:
+    """model: another folder for the shape's (default: the kit's dummy model); kv_cache_dtype: both modes'."""
     flags = ["--model-path", model or os.path.join(KIT, MODELS[shape]), "--load-format", "dummy",
              "--context-length", str(max_context + HEADROOM), "--mem-fraction-static", "0.8",
-             "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", str(batch)]
+             "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", str(batch),
+             "--kv-cache-dtype", kv_cache_dtype]
     if mode == "locks":
         return flags + ["--enable-locks", "--locks-token-budget", str(budget), *locks_args]
     return flags + ["--attention-backend", "flashinfer", "--page-size", "16"]
 
 
 def command(tool: str, shape: str, mode: str, batch: int, contexts: list, budget: int, result: str,
-            profile_dir: str = None, locks_args: tuple = ()) -> list:
-    flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args)
+            profile_dir: str = None, locks_args: tuple = (), kv_cache_dtype: str = "auto") -> list:
+    flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args, kv_cache_dtype=kv_cache_dtype)
     if tool == "bench_one_batch":
         return [sys.executable, "-c", LOAD_PLUGINS_THEN.format("sglang.bench_one_batch"), *flags,
                 "--batch-size", str(batch), "--input-len", *map(str, contexts), "--output-len", str(OUTPUT_LEN),
@@ -136,11 +137,11 @@ def full_vocab_model(shape: str, folder: str) -> str:
 
 
 def serving_commands(shape: str, mode: str, batch: int, contexts: list, budget: int, locks_args: tuple, model: str,
-                     port: int = SERVER_PORT, rounds: int = 2, warmup: int = 1) -> tuple:
+                     port: int = SERVER_PORT, rounds: int = 2, warmup: int = 1, kv_cache_dtype: str = "auto") -> tuple:
     """(launch_server command, {context: bench_serving command minus its --output-file}); model: the
     shape's full_vocab_model folder. rounds: requests per concurrent slot; warmup: bench_serving's warm-up
     requests (each a prefill of the whole context: at 256K about a minute on the H200)."""
-    flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args, model)
+    flags = sglang_flags(shape, mode, batch, max(contexts), budget, locks_args, model, kv_cache_dtype)
     server = [sys.executable, "-m", "sglang.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
     clients = {c: [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
                    "--port", str(port), "--model", model, "--tokenizer", model, "--dataset-name", "random-ids",
@@ -245,21 +246,23 @@ def merge_rows(tool: str, shape: str, batch: int, contexts: list, budget: int, f
 
 
 def summarize(rows: list) -> list:
-    """One row per (tool, shape, batch, context, locks_args) measured more than once without error: medians
-    over its samples, the speed-up of the medians and the range of the samples' speed-ups."""
+    """One row per (tool, shape, batch, context, locks_args, kv_cache_dtype) measured more than once without error:
+    medians over its samples, the speed-up of the medians and the range of the samples' speed-ups."""
     groups = {}
     for r in rows:
         if "error" not in r:
-            key = (r["tool"], r["shape"], r["batch"], r["context"], r.get("locks_args", ""))
+            key = (r["tool"], r["shape"], r["batch"], r["context"], r.get("locks_args", ""),
+                   r.get("kv_cache_dtype", "auto"))
             groups.setdefault(key, []).append(r)
     out = []
-    for (tool, shape, batch, context, locks_args), rs in groups.items():
+    for (tool, shape, batch, context, locks_args, kv_cache_dtype), rs in groups.items():
         if len(rs) < 2:
             continue
         f = statistics.median(r["fullkv_ms"] for r in rs)
         l = statistics.median(r["locks_ms"] for r in rs)
         out.append(dict(tool=tool, shape=shape, batch=batch, context=context, budget=rs[0]["budget"],
-                        locks_args=locks_args, samples=len(rs), fullkv_ms=f, locks_ms=l, speedup=round(f / l, 3),
+                        locks_args=locks_args, kv_cache_dtype=kv_cache_dtype, samples=len(rs), fullkv_ms=f,
+                        locks_ms=l, speedup=round(f / l, 3),
                         speedup_min=min(r["speedup"] for r in rs), speedup_max=max(r["speedup"] for r in rs)))
     return out
 
@@ -312,12 +315,13 @@ def _run_cases(args, save, scratch: str) -> list:
             locks_args = tuple(args.locks_args.split())
             if tool == "bench_serving":
                 cmd = serving_commands(shape, mode, batch, contexts, args.budget, locks_args, model,
-                                       rounds=args.serving_rounds, warmup=args.serving_warmup)
+                                       rounds=args.serving_rounds, warmup=args.serving_warmup,
+                                       kv_cache_dtype=args.kv_cache_dtype)
                 print("e2e_decode:", " ".join(cmd[0]), "; then per context:", " ".join(next(iter(cmd[1].values()))),
                       flush=True)
             else:
                 cmd = command(tool, shape, mode, batch, contexts, args.budget, result,
-                              args.log_dir if args.profile else None, locks_args)
+                              args.log_dir if args.profile else None, locks_args, args.kv_cache_dtype)
                 print("e2e_decode:", " ".join(cmd), flush=True)
             if args.dry_run:
                 times[mode] = times["fullkv"] = {}
@@ -341,7 +345,7 @@ def _run_cases(args, save, scratch: str) -> list:
             print(f"e2e_decode: {tool} {shape} bs={batch} {mode}: {times[mode]} ({time.time() - t0:.0f} s)",
                   flush=True)
         case_rows = merge_rows(tool, shape, batch, contexts, args.budget, times["fullkv"], times["locks"], errors)
-        rows += [dict(r, locks_args=args.locks_args) for r in case_rows]
+        rows += [dict(r, locks_args=args.locks_args, kv_cache_dtype=args.kv_cache_dtype) for r in case_rows]
         save(rows)
     return rows
 
@@ -460,8 +464,11 @@ def fill_random_kv(mr, slots) -> None:
     pool = mr.token_to_kv_pool
     for layer in range(pool.start_layer, pool.start_layer + pool.layer_num):
         for buf in (pool.get_key_buffer(layer), pool.get_value_buffer(layer)):
+            # an fp8 cache written as its bytes, as SGLang's pool stores it (not every index kernel takes fp8)
+            store = buf.view(torch.uint8) if buf.dtype == torch.float8_e4m3fn else buf
             for chunk in slots.split(1 << 20):
-                buf[chunk] = torch.randn(chunk.numel(), *buf.shape[1:], device=buf.device).to(buf.dtype)
+                values = torch.randn(chunk.numel(), *buf.shape[1:], device=buf.device).to(buf.dtype)
+                store[chunk] = values.view(store.dtype)
     store = store_for_pool(pool)
     if store is None:
         return
@@ -492,6 +499,8 @@ def main(argv=None) -> int:
     p.add_argument("--serving-rounds", type=int, default=2,
                    help="bench_serving: requests per concurrent slot (the batch), each one prefill of the context")
     p.add_argument("--serving-warmup", type=int, default=1, help="bench_serving: warm-up requests")
+    p.add_argument("--kv-cache-dtype", default="auto", help="both modes' --kv-cache-dtype, e.g. fp8_e4m3 (FullKV "
+                   "then reads the same fp8 cache: the honest baseline)")
     p.add_argument("--locks-args", default="", help="more --locks-* flags for the LOCKS runs, e.g. '--locks-prefilter 8'")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per SGLang process")
     p.add_argument("--log-dir", help="keep each SGLang process's log here")

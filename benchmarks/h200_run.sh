@@ -8,6 +8,8 @@
 #            step of all layers as the server runs it (~5 min; args go to attention_decode.py)
 #   server   the SGLang server test: greedy equality, long contexts,    -> server_gpu.log, server logs
 #            shared-prefix reuse (~3.5 min)
+#   hicache  HiCache with LOCKS: a turn reloaded from host memory, tokens -> hicache_gpu.log, hicache/hicache_server.json
+#            as without HiCache, no stale summary, its TTFT against HiCache without LOCKS (~4 min)
 #   build    summary-build benchmark, then the host time of a decode     -> summary_build.json, flush_host_time.log
 #            step's summary flush
 #   e2e      SGLang decode, FullKV vs --enable-locks (args go to         -> e2e_decode.json, e2e_logs/
@@ -30,7 +32,7 @@
 #            as without it, decode throughput with it vs off (~6 min; args go to audit_server.py)
 # GIT_REV is recorded in the JSON headers (the device copy's git metadata can lag the tree).
 set -o pipefail
-phase=${1:?usage: h200_run.sh tests|kernels|server|build|e2e|shared|agents|suite|audit|soak|soak-collect [args...]}
+phase=${1:?usage: h200_run.sh tests|kernels|server|hicache|build|e2e|shared|agents|suite|audit|soak|soak-collect [args...]}
 shift
 source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
@@ -44,7 +46,7 @@ tests)
     # the plugin tests (CPU stand-ins, one child pytest) beside them, their log appended
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_plugin_*.py > "$OUT/plugin_tests.log" 2>&1 &
     plugin_tests=$!
-    python3 -m pytest -q -rs -n "${TEST_WORKERS:-8}" tests --ignore=tests/test_server_gpu.py \
+    python3 -m pytest -q -rs -n "${TEST_WORKERS:-8}" tests --ignore-glob='tests/test_server_*gpu.py' \
         --ignore-glob='tests/test_plugin_*.py' 2>&1 | tee "$OUT/gpu_tests.log"
     status=$?; wait $plugin_tests || status=1
     cat "$OUT/plugin_tests.log" >> "$OUT/gpu_tests.log"; rm "$OUT/plugin_tests.log"; exit $status ;;
@@ -55,6 +57,9 @@ kernels)
 server)
     mkdir -p "$OUT/server"
     OUT="$OUT/server" python3 -m pytest -q -rs tests/test_server_gpu.py 2>&1 | tee "$OUT/server_gpu.log" ;;
+hicache)
+    mkdir -p "$OUT/hicache"
+    OUT="$OUT/hicache" python3 -m pytest -q -rs -s tests/test_server_hicache_gpu.py 2>&1 | tee "$OUT/hicache_gpu.log" ;;
 build)
     (cd benchmarks && python3 summary_build.py --out "$OUT/summary_build.json") 2>&1 | tee "$OUT/summary_build.log"
     python3 benchmarks/flush_host_time.py 2>&1 | tee "$OUT/flush_host_time.log" ;;

@@ -18,37 +18,50 @@ vectorised torch on static shapes: no host sync.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from .config import PAGE_SIZE
+from .summaries import cached_keys
 
 CHUNK_VALUES = 1 << 24  # gathered key elements per chunk (64 MiB in float32)
 _ROW_SHIFT = 32  # attended-page keys: row << 32 | physical page
 
 
 def page_mass(q: torch.Tensor, k_cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor, max_tokens: int,
-              sm_scale: float, chunk_values: int = CHUNK_VALUES) -> torch.Tensor:
+              sm_scale: float, k_scale: float = 1.0, chunk_values: int = CHUNK_VALUES) -> torch.Tensor:
     """Exact mass per logical page [B, H_kv, P] (float32, each row sums to 1; P = ceil(max_tokens / 16)).
 
-    q [B, Hq, d]; k_cache [slots, H_kv, d]; tables [B, >= seq_len] the requests' token slots (req_to_token
-    rows); seq_lens [B] on the device; max_tokens >= every seq_len, a host int (the loop's extent)."""
-    bsz, hq, d = q.shape
-    hkv = k_cache.shape[1]
+    q [B, Hq, d]; k_cache [slots, H_kv, d] (16-bit, float32 or float8_e4m3fn); tables [B, >= seq_len] the
+    requests' token slots (req_to_token rows); seq_lens [B] on the device; max_tokens >= every seq_len, a host
+    int (the loop's extent); k_scale: an fp8 cache's, which holds keys / k_scale."""
+    return layers_page_mass(q[None], [k_cache], [k_scale], tables, seq_lens, max_tokens, sm_scale, chunk_values)[0]
+
+
+def layers_page_mass(q: torch.Tensor, k_caches: Sequence[torch.Tensor], k_scales: Sequence[float],
+                     tables: torch.Tensor, seq_lens: torch.Tensor, max_tokens: int, sm_scale: float,
+                     chunk_values: int = CHUNK_VALUES) -> torch.Tensor:
+    """page_mass of L layers' queries q [L, B, Hq, d] over their caches and scales, the same requests in each:
+    [L, B, H_kv, P], in one pass of launches for all layers (the audit's host time is their count)."""
+    layers, bsz, hq, d = q.shape
+    hkv = k_caches[0].shape[1]
     pages = -(-max_tokens // PAGE_SIZE)
     width = tables.shape[1]
-    chunk = max(PAGE_SIZE, chunk_values // max(1, bsz * hkv * d) // PAGE_SIZE * PAGE_SIZE)
-    qf = q.float().view(bsz, hkv, hq // hkv, d) * sm_scale
-    page_lse = torch.empty(bsz, hkv, hq // hkv, pages, dtype=torch.float32, device=q.device)
+    chunk = max(PAGE_SIZE, chunk_values // max(1, layers * bsz * hkv * d) // PAGE_SIZE * PAGE_SIZE)
+    qf = q.float().view(layers, bsz, hkv, hq // hkv, d) * sm_scale
+    page_lse = torch.empty(layers, bsz, hkv, hq // hkv, pages, dtype=torch.float32, device=q.device)
     lens = seq_lens.to(torch.int64)[:, None]
     for start in range(0, pages * PAGE_SIZE, chunk):
         pos = torch.arange(start, min(start + chunk, pages * PAGE_SIZE), device=q.device)
         slots = tables[:, pos.clamp(max=width - 1)].to(torch.int64)  # [B, C]
-        logits = torch.einsum("bhgd,bchd->bhgc", qf, k_cache[slots].float())
-        logits = logits.masked_fill(~(pos[None, :] < lens)[:, None, None, :], float("-inf"))
+        keys = torch.stack([cached_keys(k, slots, None if s == 1.0 else s).float() for k, s in zip(k_caches, k_scales)])
+        logits = torch.einsum("lbhgd,lbchd->lbhgc", qf, keys)
+        logits = logits.masked_fill(~(pos[None, :] < lens)[None, :, None, None, :], float("-inf"))
         page_lse[..., start // PAGE_SIZE : start // PAGE_SIZE + pos.numel() // PAGE_SIZE] = (
             logits.unflatten(-1, (-1, PAGE_SIZE)).logsumexp(-1))
     head_lse = page_lse.logsumexp(-1, keepdim=True)
-    return torch.exp(page_lse - head_lse).mean(2)
+    return torch.exp(page_lse - head_lse).mean(3)
 
 
 def attended_pages(tables: torch.Tensor, pages: int, indptr: torch.Tensor, indices: torch.Tensor,
@@ -58,19 +71,31 @@ def attended_pages(tables: torch.Tensor, pages: int, indptr: torch.Tensor, indic
     tables [B, ...] the requests' token slots; indptr [>= B * H_kv + 1] and indices (entries of those rows at
     indptr, any further ones ignored) as the sparse decode reads them. An entry of another KV head than its
     row's attends nothing of the row."""
+    return layers_attended_pages(tables, pages, indptr, indices[None], num_kv_heads)[0]
+
+
+def layers_attended_pages(tables: torch.Tensor, pages: int, indptr: torch.Tensor, indices: torch.Tensor,
+                          num_kv_heads: int) -> torch.Tensor:
+    """attended_pages of L layers' entries indices [L, E] (E >= the rows' entries), one indptr for all (a decode
+    step's): [L, B, H_kv, pages]. Layer l's entries are read at offset l * E, past the end of its rows ignored."""
     bsz = tables.shape[0]
+    layers, width = indices.shape
     rows = bsz * num_kv_heads
     device = indices.device
-    entries = indices.to(torch.int64)
+    entries = indices.flatten().to(torch.int64)
+    offsets = torch.arange(layers, device=device)[:, None] * width
+    ends = (indptr[1 : rows + 1].to(torch.int64)[None, :] + offsets).flatten()  # ascending: indptr[rows] <= E
+    starts = (indptr[:rows].to(torch.int64)[None, :] + offsets).flatten()
     pos = torch.arange(entries.numel(), device=device)
-    row = torch.searchsorted(indptr[1 : rows + 1].to(torch.int64), pos, right=True)
-    valid = (pos < indptr[rows]) & (entries % num_kv_heads == row % num_kv_heads)
+    row = torch.searchsorted(ends, pos, right=True)
+    in_row = row.clamp(max=layers * rows - 1)
+    valid = (row < layers * rows) & (pos >= starts[in_row]) & (entries % num_kv_heads == in_row % num_kv_heads)
     phys = entries // num_kv_heads // PAGE_SIZE
-    keys = torch.where(valid, (row << _ROW_SHIFT) | phys, torch.full_like(phys, -1)).sort().values
+    keys = torch.where(valid, (in_row << _ROW_SHIFT) | phys, torch.full_like(phys, -1)).sort().values
     j = torch.arange(pages, device=device)
     first = tables[:, (j * PAGE_SIZE).clamp(max=tables.shape[1] - 1)].to(torch.int64) // PAGE_SIZE  # [B, pages]
-    row_ids = torch.arange(rows, device=device).view(bsz, num_kv_heads, 1)
-    want = (row_ids << _ROW_SHIFT) | first[:, None, :]
+    row_ids = torch.arange(layers * rows, device=device).view(layers, bsz, num_kv_heads, 1)
+    want = (row_ids << _ROW_SHIFT) | first[None, :, None, :]
     if keys.numel() == 0:
         return torch.zeros_like(want, dtype=torch.bool)
     found = torch.searchsorted(keys, want.flatten()).clamp(max=keys.numel() - 1)

@@ -32,7 +32,7 @@ Precisions ``fp32`` and ``bf16`` store mu/basis/coef as floats with unit scales.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -110,10 +110,12 @@ def _summarize_chunk(keys: torch.Tensor, rank: int):
     return mu.float(), basis.float(), (dev @ basis.transpose(1, 2)).float()
 
 
-def _dequantized(buf: torch.Tensor, slots: torch.Tensor, k_scale: Optional[torch.Tensor]) -> torch.Tensor:
+def cached_keys(buf: torch.Tensor, slots: torch.Tensor,
+                k_scale: Union[torch.Tensor, float, None] = None) -> torch.Tensor:
     """The keys at slots of a cached key buffer, as the build kernel reads them: fp8 keys gathered
     as bytes (not every indexing kernel takes fp8: SGLang keeps its fp8 pools as uint8) and widened
-    to float32; times k_scale (a device scalar) where given; other keys as they are."""
+    to float32; times k_scale (a device scalar or a float: the buffer holds keys / k_scale) in
+    float32 where given; other keys as they are."""
     if buf.dtype == torch.float8_e4m3fn:
         keys = buf.view(torch.uint8)[slots].view(buf.dtype).float()
     else:
@@ -270,7 +272,7 @@ class PageSummaries:
             build_summaries_triton(self, rows, key_buffers, slots, _RANK_EPS, k_scales)
             return
         for layer, (layer_rows, buf) in enumerate(zip(rows, key_buffers)):
-            self.write(layer_rows, _dequantized(buf, slots, None if k_scales is None else k_scales[layer]))
+            self.write(layer_rows, cached_keys(buf, slots, None if k_scales is None else k_scales[layer]))
 
     def _write(self, page_ids: torch.Tensor, keys: torch.Tensor) -> None:
         n, _, h, d = keys.shape

@@ -13,6 +13,18 @@ import torch
 
 MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tiny-llama")
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
+FP8 = torch.float8_e4m3fn
+# An fp8 pool's per-layer scales (RadixAttention's k_scale_float, v_scale_float): not 1, and not one for both
+# layers, so that a scale dropped or taken from another layer changes the keys.
+FP8_K_SCALES, FP8_V_SCALES = (0.37, 2.5), (1.7, 0.6)
+
+
+def cached_form(kv, values, scale):
+    """values as SGLang's set_kv_buffer stores them in kv: an fp8 pool holds values / scale as float8_e4m3fn
+    bytes; others the values as they are."""
+    if kv.dtype != FP8:
+        return values
+    return (values / scale).to(FP8).view(kv.store_dtype)
 
 
 def load_sglang_plugins():
@@ -31,7 +43,8 @@ def extend_backend(store, kv, req_to_token_pool):
     class StockExtend(FlashInferAttnBackend):
         def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
             if save_kv_cache:
-                self.token_to_kv_pool.k_buffer[layer.layer_id][forward_batch.out_cache_loc] = k
+                kv = self.token_to_kv_pool
+                kv.k_buffer[layer.layer_id][forward_batch.out_cache_loc] = cached_form(kv, k, layer.k_scale_float)
             return q
 
     class Backend(LocksFlashInferAttnBackend, StockExtend):  # super() in LOCKS's methods is StockExtend
@@ -43,9 +56,10 @@ def extend_backend(store, kv, req_to_token_pool):
 
 class Harness:
     """kv_writer: who writes an extend's KV, "backend" (save_kv_cache=True) or "model" (a fused KV write
-    before attention, which then gets save_kv_cache=False)."""
+    before attention, which then gets save_kv_cache=False). kv_dtype: the pool's, float32 or FP8 (its layers
+    with FP8_K_SCALES and FP8_V_SCALES, the store with the k scales, as the attention backend makes it)."""
 
-    def __init__(self, config, pages=64, max_context=1024, kv_writer="backend"):
+    def __init__(self, config, pages=64, max_context=1024, kv_writer="backend", kv_dtype=torch.float32):
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -57,13 +71,21 @@ class Harness:
         size = pages * 16
         self.req_to_token_pool = ReqToTokenPool(size=8, max_context_len=max_context, device="cpu",
                                                 enable_memory_saver=False)
-        self.kv = MHATokenToKVPool(size=size, page_size=16, dtype=torch.float32, head_num=KV_HEADS,
+        self.kv = MHATokenToKVPool(size=size, page_size=16, dtype=kv_dtype, head_num=KV_HEADS,
                                    head_dim=HEAD_DIM, layer_num=LAYERS, device="cpu", enable_memory_saver=False)
-        self.allocator = PagedTokenToKVPoolAllocator(size, 16, torch.float32, "cpu", self.kv, need_sort=False)
+        self.allocator = PagedTokenToKVPoolAllocator(size, 16, kv_dtype, "cpu", self.kv, need_sort=False)
         self.radix = RadixCache(CacheInitParams(disable=False, req_to_token_pool=self.req_to_token_pool,
                                                 token_to_kv_pool_allocator=self.allocator, page_size=16))
+        fp8 = kv_dtype == FP8
+        # SGLang's RadixAttention: tensor scales for set_kv_buffer, float ones for attention (None: unscaled).
+        self.layers = [SimpleNamespace(layer_id=l, k_scale_float=FP8_K_SCALES[l] if fp8 else None,
+                                       v_scale_float=FP8_V_SCALES[l] if fp8 else None,
+                                       k_scale=torch.tensor(FP8_K_SCALES[l]) if fp8 else None,
+                                       v_scale=torch.tensor(FP8_V_SCALES[l]) if fp8 else None)
+                       for l in range(LAYERS)]
         num_pages = self.kv.get_key_buffer(0).shape[0] // 16
-        self.store = SummaryStore(config, range(LAYERS), num_pages, KV_HEADS, HEAD_DIM, "cpu")
+        self.store = SummaryStore(config, range(LAYERS), num_pages, KV_HEADS, HEAD_DIM, "cpu",
+                                  k_scales=torch.tensor(FP8_K_SCALES) if fp8 else None)
         attach_store(self.kv, self.store)
         self.backend = extend_backend(self.store, self.kv, self.req_to_token_pool)
         self.kv_writer = kv_writer
@@ -112,9 +134,8 @@ class Harness:
         for layer in layers:
             k = self.keys_for(out.numel())
             if self.kv_writer == "model":
-                self.kv.k_buffer[layer][out] = k
-            self.backend.forward_extend(None, k, k, SimpleNamespace(layer_id=layer), fb,
-                                        save_kv_cache=self.kv_writer == "backend")
+                self.kv.k_buffer[layer][out] = cached_form(self.kv, k, self.layers[layer].k_scale_float)
+            self.backend.forward_extend(None, k, k, self.layers[layer], fb, save_kv_cache=self.kv_writer == "backend")
         return out
 
     def decode(self, reqs):
@@ -135,7 +156,8 @@ class Harness:
         seq = torch.tensor([self.seq_lens[r] for r in reqs])
         self.store.record_decode_seals(self.req_to_token, torch.tensor(reqs), seq.tolist())
         for layer in range(LAYERS):
-            self.kv.k_buffer[layer][out] = self.keys_for(len(reqs))
+            self.kv.k_buffer[layer][out] = cached_form(self.kv, self.keys_for(len(reqs)),
+                                                       self.layers[layer].k_scale_float)
         return out
 
     def pages_of(self, req, n_pages=None):
@@ -146,6 +168,13 @@ class Harness:
         seq = torch.tensor([self.seq_lens[r] for r in reqs])
         return int(self.store.stale_scorable_pages(self.req_to_token, torch.tensor(reqs), seq))
 
+    def keys_at(self, layer, slots):
+        """The layer's cached keys at slots in float32, an fp8 pool's dequantised (fp8 value x k scale)."""
+        keys = self.kv.k_buffer[layer][slots]
+        if self.kv.dtype != FP8:
+            return keys.float()
+        return keys.view(FP8).float() * self.layers[layer].k_scale_float
+
     def expected_summary(self, layer, pages):
         """Summaries of the pages' current keys, built from scratch."""
         from sglang_locks.summaries import PageSummaries
@@ -153,7 +182,7 @@ class Harness:
         cfg = self.store.config
         fresh = PageSummaries.allocate(len(pages), KV_HEADS, HEAD_DIM, cfg.rank, cfg.summary_precision)
         slots = pages[:, None] * 16 + torch.arange(16)
-        fresh.write(torch.arange(len(pages)), self.kv.get_key_buffer(layer)[slots])
+        fresh.write(torch.arange(len(pages)), self.keys_at(layer, slots))
         return fresh
 
     def assert_summaries_current(self, pages):

@@ -8,7 +8,8 @@ import torch
 from sglang_locks.config import PAGE_SIZE
 from sglang_locks.evaluate import _token_mask
 from sglang_locks.kernels.page_selection import selected_indices_torch
-from sglang_locks.page_mass import attended_pages, attended_share, attended_share_reference, page_mass
+from sglang_locks.page_mass import (attended_pages, attended_share, attended_share_reference, layers_attended_pages,
+                                    layers_page_mass, page_mass)
 
 
 def _batch(lens, hkv, group, d=16, shared_pages=0, seed=0):
@@ -111,3 +112,32 @@ def test_only_the_rows_own_entries_count():
     want = torch.zeros(2, hkv, 4, dtype=torch.bool)
     want[0, 0, 1] = want[1, 0, 0] = want[1, 1, 0] = True
     assert torch.equal(attended, want)
+
+
+def test_layers_in_one_pass_equal_each_layer_alone():
+    """The audit's one pass over its layers: each layer's own cache, scale and entries (the buffer of each holding
+    garbage past its rows' entries, which must not leak into the next layer's rows), as page_mass and
+    attended_pages give layer by layer."""
+    lens, hkv, group, budget_pages = [513, 200, 37], 2, 4, 5  # request 0's rows select: the garbage is theirs
+    layers = [_batch(lens, hkv, group, shared_pages=2, seed=s) for s in (4, 5, 6)]
+    tables, seq_lens = layers[0][2], layers[0][3]  # one batch of requests: the first layout's tables for all
+    scales = [1.0, 0.37, 2.5]
+    slot_width = max(k.shape[0] for _, k, _, _ in layers)
+    caches = [torch.cat([k, torch.randn(slot_width - k.shape[0], *k.shape[1:])]) for _, k, _, _ in layers]
+    q = torch.stack([q for q, _, _, _ in layers])
+    sels = [_selection(lens, hkv, budget_pages, seed=s) for s in (7, 8, 9)]
+    width = len(lens) * hkv * (budget_pages + 1) + 7  # room past the rows' entries
+    indices = torch.full((3, width), 0, dtype=torch.int32)
+    for l, sel in enumerate(sels):
+        indptr, idx = selected_indices_torch(sel, tables, torch.arange(len(lens)), seq_lens, hkv, budget_pages)
+        indices[l, : idx.numel()] = idx
+        end = int(indptr[-1])
+        indices[l, end:] = idx.repeat(2)[: width - end]  # garbage: real entries, of other rows
+    d = q.shape[-1]
+    mass = layers_page_mass(q, caches, scales, tables, seq_lens, int(seq_lens.max()), d**-0.5, chunk_values=4096)
+    attended = layers_attended_pages(tables, mass.shape[-1], indptr, indices, hkv)
+    for l in range(3):
+        want = page_mass(q[l], caches[l], tables, seq_lens, int(seq_lens.max()), d**-0.5, scales[l])
+        torch.testing.assert_close(mass[l], want)
+        assert torch.equal(attended[l], attended_pages(tables, mass.shape[-1], indptr, indices[l], hkv))
+    assert not torch.equal(attended[0], attended[1])  # the layers' selections differ

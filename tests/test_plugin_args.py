@@ -138,9 +138,9 @@ def test_summaries_are_int8_int4_int8_in_the_server(capsys):
     (["--page-size", "32"], "--page-size 32"),
     (["--attention-backend", "triton"], "--attention-backend triton"),
     (["--decode-attention-backend", "fa3"], "--decode-attention-backend fa3"),
-    (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
+    (["--kv-cache-dtype", "fp8_e5m2"], r"--kv-cache-dtype fp8_e5m2: supported: auto, .*fp8_e4m3"),
+    (["--kv-cache-dtype", "fp4_mx_block16"], "--kv-cache-dtype fp4_mx_block16: supported:"),
     (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm"),
-    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache"),
     (["--dcp-size", "2"], "--dcp-size 2"),
     (["--disaggregation-mode", "decode"], "--disaggregation-mode decode"),
     (["--enable-pdmux"], "--enable-pdmux"),
@@ -156,6 +156,13 @@ def test_summaries_are_int8_int4_int8_in_the_server(capsys):
 def test_unsupported_combinations_fail_naming_the_flag(flags, named):
     with pytest.raises(ValueError, match=f"--enable-locks does not support {named}"):
         parse("--enable-locks", *flags)
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float16", "bfloat16"])
+def test_fp8_e4m3_kv_cache_accepted_with_16_bit_queries(dtype):
+    """--dtype and --kv-cache-dtype need not match for an fp8 cache (auto: the attention backend checks at load)."""
+    sa = parse("--enable-locks", "--kv-cache-dtype", "fp8_e4m3", "--dtype", dtype)
+    assert sa.locks_config is not None and sa.kv_cache_dtype == "fp8_e4m3"
 
 
 def _stand_in_runner(monkeypatch, q_heads=32, kv_heads=8, tp=1, head_dim=128, context_len=4096, **runner_fields):
@@ -217,8 +224,14 @@ def test_kv_pools_not_token_major_are_rejected_at_load(layout, why, monkeypatch)
     ("float16", "bfloat16", "torch.float16 queries on a torch.bfloat16 KV cache (--dtype and --kv-cache-dtype must "
                             "give one dtype, bf16 or fp16)"),
     ("bfloat16", "float16", "torch.bfloat16 queries on a torch.float16 KV cache"),
+    # An fp8 cache holds keys / k_scale in float8_e4m3fn, read with 16-bit queries.
+    ("bfloat16", "float8_e4m3fn", None),
+    ("float16", "float8_e4m3fn", None),
+    ("float32", "float8_e4m3fn", "torch.float32 queries on a torch.float8_e4m3fn KV cache (bf16 or fp16 queries only)"),
+    ("bfloat16", "float8_e5m2", "KV cache dtype torch.float8_e5m2 (bf16, fp16 or float8_e4m3fn only)"),
 ])
-def test_query_and_kv_dtypes_that_differ_are_rejected_at_load(q_dtype, kv_dtype, why, monkeypatch):
+def test_query_and_kv_cache_dtypes_checked_at_load(q_dtype, kv_dtype, why, monkeypatch):
+    """16-bit caches of the queries' dtype, and fp8 ones (float8_e4m3fn) with bf16 or fp16 queries."""
     import torch
 
     got = _load_time_reason(monkeypatch, dtype=getattr(torch, q_dtype), kv_cache_dtype=getattr(torch, kv_dtype))

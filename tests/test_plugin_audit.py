@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from plugin_helpers import HEAD_DIM, KV_HEADS, LAYERS, Harness
+from plugin_helpers import FP8, FP8_K_SCALES, FP8_V_SCALES, HEAD_DIM, KV_HEADS, LAYERS, Harness, cached_form
 from sglang_locks.config import PAGE_SIZE, LocksConfig
 from sglang_locks.evaluate import _token_mask, evaluate
 from sglang_locks.kernels.page_selection import selected_indices_torch
@@ -38,7 +38,8 @@ class TorchDecode:
                                       indices=torch.full((bs * KV_HEADS * (bp + 1),), 7, dtype=torch.int32))
         self.selections = []
 
-    def run(self, q, k_cache, v_cache, summaries, req_to_token, req_pool_indices, seq_lens, new_kv=None):
+    def run(self, q, k_cache, v_cache, summaries, req_to_token, req_pool_indices, seq_lens, new_kv=None,
+            k_scale=None, v_scale=None):
         assert new_kv is None
         bp = CONFIG.budget_pages
         max_pages = max(1, int(seq_lens.max()) // PAGE_SIZE)
@@ -50,19 +51,23 @@ class TorchDecode:
         self.sparse.indices[: indices.numel()] = indices
         self.selections.append(sel)
         last = selected_pages(seq_lens, KV_HEADS, bp)[1]
-        return sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last, KV_HEADS, self.sm_scale)
+        return sparse_decode_reference(q, k_cache, v_cache, indptr, indices, last, KV_HEADS, self.sm_scale,
+                                       1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
 
 
 def decode_backend(h, audit):
     """LOCKS's attention backend as far as a LOCKS decode step goes (forward_decode, locks_audit_step)."""
-    from sglang_locks.plugin.attention_backend import LocksFlashInferAttnBackend
+    from sglang_locks.plugin.attention_backend import LocksFlashInferAttnBackend, _k_scale, _kv_written_in_select
 
     class Backend(LocksFlashInferAttnBackend):
         def __init__(self):  # none of FlashInfer's set-up
             self.config, self.store, self.audit, self.variant = CONFIG, h.store, audit, LOCKS
             self.token_to_kv_pool, self.req_to_token_pool = h.kv, h.req_to_token_pool
             self.num_qo_heads, self.num_kv_heads, self.head_dim = Q_HEADS, KV_HEADS, HEAD_DIM
-            self.sm_scale, self.write_kv_in_select, self.dense_rows = HEAD_DIM**-0.5, True, False
+            self.sm_scale, self.dense_rows = HEAD_DIM**-0.5, False
+            self.k_scales = {layer.layer_id: _k_scale(layer) for layer in h.layers}
+            self.write_kv_in_select = _kv_written_in_select(torch.float32, h.kv.dtype, h.kv)
+            self.kv_cache_quant_method = h.kv.get_kv_cache_quant_method()  # FlashInfer's, for _kv_write_scales
 
     return Backend()
 
@@ -77,13 +82,14 @@ def new_audit(every):
                                               HEAD_DIM, CONFIG.budget_pages, torch.float32, "cpu", store, metrics)
 
 
-def run_steps(make_audit, steps):
+def run_steps(make_audit, steps, kv_dtype=torch.float32):
     """Extend LENS, then decode steps through the backend; per step and layer: (q, selection, lengths, output)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    h = Harness(CONFIG, pages=96)
-    for layer in range(LAYERS):
-        h.kv.v_buffer[layer].normal_(generator=h.gen)
+    h = Harness(CONFIG, pages=96, kv_dtype=kv_dtype)
+    for layer in h.layers:
+        values = torch.empty(h.kv.v_buffer[layer.layer_id].shape).normal_(generator=h.gen)
+        h.kv.v_buffer[layer.layer_id][:] = cached_form(h.kv, values, layer.v_scale_float)
     reqs = [h.new_request() for _ in LENS]
     h.extend(reqs, list(LENS))
     audit = None if make_audit is None else make_audit(h.store)
@@ -98,7 +104,7 @@ def run_steps(make_audit, steps):
         step = []
         for layer in range(LAYERS):
             q = torch.randn(len(reqs), Q_HEADS * HEAD_DIM, generator=h.gen)
-            o = backend.forward_decode(q, None, None, SimpleNamespace(layer_id=layer), fb, save_kv_cache=False)
+            o = backend.forward_decode(q, None, None, h.layers[layer], fb, save_kv_cache=False)
             step.append((q.view(len(reqs), Q_HEADS, HEAD_DIM), backend.decoder.selections[-1], seq, o))
         backend.locks_audit_step(fb)
         record.append(step)
@@ -108,7 +114,7 @@ def run_steps(make_audit, steps):
 def expected_recall(h, reqs, layer, q, sel, seq, b):
     """evaluate()'s recall of the same selection: per query head, averaged over each KV head's group."""
     n = int(seq[b])
-    keys = h.kv.get_key_buffer(layer)[h.req_to_token[reqs[b], :n].long()].double()
+    keys = h.keys_at(layer, h.req_to_token[reqs[b], :n].long()).double()
     probs = torch.softmax(torch.einsum("hd,nhd->hn", q[b].double(), keys.repeat_interleave(GROUP, 1))
                           * HEAD_DIM**-0.5, -1)
     mask = _token_mask(sel[b * KV_HEADS : (b + 1) * KV_HEADS], n, CONFIG.budget_pages, KV_HEADS, 1)[0]
@@ -124,9 +130,11 @@ def recall_samples(registry, layer):
 AUDITED = [b for b in range(3) if LENS[b] // PAGE_SIZE > CONFIG.budget_pages]  # requests 0 and 2
 
 
-def test_audit_recall_is_the_offline_recall_of_the_same_selection():
+@pytest.mark.parametrize("kv_dtype", [torch.float32, FP8])
+def test_audit_recall_is_the_offline_recall_of_the_same_selection(kv_dtype):
+    """With an fp8 pool the audit's exact mass is that of the dequantised keys (each audited layer's k scale)."""
     registry, make = new_audit(every=1)
-    h, reqs, audit, record = run_steps(make, steps=3)
+    h, reqs, audit, record = run_steps(make, steps=3, kv_dtype=kv_dtype)
     assert audit.publish()  # the last audit's results, which the next audit would publish
     for layer in range(LAYERS):
         want = [expected_recall(h, reqs, layer, *record[s][layer][:3], b) for s in range(3) for b in AUDITED]
@@ -171,6 +179,41 @@ def test_every_nth_locks_step_is_audited_and_counters_exported():
     for name, value in h.store.counters().items():
         assert registry.get_sample_value(f"sglang:locks_{name}", LABELS) == value, name
     assert registry.get_sample_value("sglang:locks_store_bytes", LABELS) == h.store.nbytes() > 0
+
+
+def test_fp8_decode_passes_the_layer_scales_and_writes_the_step_kv_through_set_kv_buffer():
+    """An fp8 pool: the step's keys and values are quantised by SGLang's set_kv_buffer with the layer's scales (not
+    copied in the selection launch), and the decoder reads the cache with the layer's float scales."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    class RecordingDecode:
+        def __init__(self):
+            self.calls = []
+
+        def run(self, q, *args, **kwargs):
+            self.calls.append((args, kwargs))
+            return torch.zeros_like(q)
+
+    h = Harness(CONFIG, kv_dtype=FP8)
+    reqs = [h.new_request() for _ in range(2)]
+    h.extend(reqs, [100, 37])
+    backend = decode_backend(h, None)
+    assert not backend.write_kv_in_select
+    backend.decoder = RecordingDecode()
+    loc = h.decode(reqs)
+    seq = torch.tensor([h.seq_lens[r] for r in reqs])
+    backend.locks_seq_lens = seq
+    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=2, req_pool_indices=torch.tensor(reqs),
+                         seq_lens_cpu=seq, out_cache_loc=loc)
+    for layer in h.layers:
+        k, v = (torch.randn(2, KV_HEADS, HEAD_DIM, generator=h.gen) for _ in range(2))
+        want_k, want_v = cached_form(h.kv, k, layer.k_scale_float), cached_form(h.kv, v, layer.v_scale_float)
+        backend.forward_decode(torch.randn(2, Q_HEADS * HEAD_DIM, generator=h.gen), k, v, layer, fb)
+        assert torch.equal(h.kv.k_buffer[layer.layer_id][loc], want_k)
+        assert torch.equal(h.kv.v_buffer[layer.layer_id][loc], want_v)
+        args, kwargs = backend.decoder.calls[-1]
+        assert args[0].dtype == FP8 and args[6] is None  # the fp8 cache, and no new_kv for the selection to copy
+        assert kwargs == {"k_scale": FP8_K_SCALES[layer.layer_id], "v_scale": FP8_V_SCALES[layer.layer_id]}
 
 
 def test_dense_steps_are_not_counted():

@@ -14,9 +14,9 @@ import sys; sys.path.insert(0, {tests!r})
 import sglang_cpu_env; sglang_cpu_env.install()
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang_locks.plugin import HOOKS
+from sglang_locks.plugin import HOOKS, optional_hooks
 load_plugins()
-missing = [t for t, _, _ in HOOKS if t not in HookRegistry._patched]
+missing = [t for t, _, _ in (*HOOKS, *optional_hooks()) if t not in HookRegistry._patched]
 print("MISSING", missing)
 """
 
@@ -40,10 +40,10 @@ def test_entry_point_is_installed():
 def test_every_hook_applied():
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_locks.plugin import HOOKS
+    from sglang_locks.plugin import HOOKS, optional_hooks
 
     load_sglang_plugins()
-    assert [t for t, _, _ in HOOKS if t not in HookRegistry._patched] == []
+    assert [t for t, _, _ in (*HOOKS, *optional_hooks()) if t not in HookRegistry._patched] == []
 
 
 def test_flashinfer_backend_entry_wrapped():
@@ -66,10 +66,11 @@ def test_hooks_reach_sglang_code():
 
 def test_the_check_detects_a_plugin_that_did_not_load():
     """Run load_plugins() with our plugin filtered out: the check must report every hook missing."""
-    from sglang_locks.plugin import HOOKS
+    from sglang_locks.plugin import HOOKS, optional_hooks
 
+    everything = [t for t, _, _ in (*HOOKS, *optional_hooks())]
     assert missing_hooks_in_fresh_process() == "MISSING []"
-    assert missing_hooks_in_fresh_process(SGLANG_PLUGINS="someone_else") == f"MISSING {[t for t, _, _ in HOOKS]}"
+    assert missing_hooks_in_fresh_process(SGLANG_PLUGINS="someone_else") == f"MISSING {everything}"
 
 
 def test_attention_backend_module_imports():

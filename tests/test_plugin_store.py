@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from plugin_helpers import Harness
+from plugin_helpers import FP8, HEAD_DIM, KV_HEADS, Harness, cached_form
 from sglang_locks.config import LocksConfig
 
 CFG = LocksConfig(token_budget=64, sink_pages=1, local_pages=1, summary_precision="fp32")  # 4 pages
@@ -235,3 +235,54 @@ def test_layer_attended_again_in_one_forward_is_not_rebuilt(monkeypatch):
     assert calls == []
     assert h.store.is_valid(h.pages_of(r)).all()
     h.assert_summaries_current(h.pages_of(r))
+
+
+@pytest.mark.parametrize("kv_writer", ["backend", "model"])
+def test_fp8_pool_summaries_are_those_of_the_dequantised_keys(kv_writer):
+    """An fp8 pool holds each layer's keys / k_scale (FP8_K_SCALES): the summaries an extend builds and those a
+    decode seal's flush builds are what PageSummaries.write makes of fp8 x k_scale. Exactly: both summarise the
+    same float32 keys (fp8 widened, times the float32 scale) through the same torch build (the Triton kernel does
+    not run in these tests)."""
+    h = Harness(CFG, kv_writer=kv_writer, kv_dtype=FP8)
+    r = h.new_request()
+    h.extend([r], [16 * 5 - 2])
+    pages = h.pages_of(r)
+    assert h.store.is_valid(pages).all()
+    h.assert_summaries_current(pages)
+    for _ in range(3):
+        h.decode([r])  # the second step seals the fifth page, the third step's forward builds it (flush_pending)
+    pages = h.pages_of(r)
+    assert len(pages) == 5 and h.store.is_valid(pages).all()
+    h.assert_summaries_current(pages)
+
+
+def test_backend_gives_the_store_of_an_fp8_pool_its_locks_layers_k_scales():
+    """_store_for: the k scales of the LOCKS layers in the store's layer order (a dense layer's left out, a layer
+    without one at 1.0); its warm-up builds page 0 through both build paths from the dequantised keys."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_locks.plugin.attention_backend import LocksFlashInferAttnBackend, _k_scale
+    from sglang_locks.summaries import PageSummaries
+
+    pool = MHATokenToKVPool(size=64, page_size=16, dtype=FP8, head_num=KV_HEADS, head_dim=HEAD_DIM, layer_num=3,
+                            device="cpu", enable_memory_saver=False)
+    layers = [SimpleNamespace(k_scale_float=s) for s in (0.37, 5.0, None)]
+    gen = torch.Generator().manual_seed(1)
+    for buf, layer in zip(pool.k_buffer, layers):  # page 0, which the warm-up builds
+        buf[:16] = cached_form(pool, torch.randn(16, KV_HEADS, HEAD_DIM, generator=gen), _k_scale(layer))
+
+    class Backend(LocksFlashInferAttnBackend):
+        def __init__(self):  # none of FlashInfer's set-up
+            self.config, self.token_to_kv_pool, self.kv_dtype = CFG, pool, FP8
+            self.num_kv_heads, self.head_dim = KV_HEADS, HEAD_DIM
+            self.k_scales = {l: _k_scale(layers[l]) for l in (0, 2)}  # layer 1 dense
+
+    store = Backend()._store_for(SimpleNamespace(device="cpu"), [0, 2])
+    assert torch.equal(store.k_scales, torch.tensor([0.37, 1.0]))
+    for l in (0, 2):
+        want = PageSummaries.allocate(1, KV_HEADS, HEAD_DIM, CFG.rank, CFG.summary_precision)
+        keys = pool.k_buffer[l][:16].view(FP8).float() * _k_scale(layers[l])
+        want.write(torch.zeros(1, dtype=torch.int64), keys[None])
+        got = store.layer(l)
+        for name in ("mu", "basis", "coef", "mu_scale", "coef_scale"):
+            assert torch.equal(getattr(got, name)[:1], getattr(want, name)), (l, name)

@@ -3,6 +3,7 @@
     source .gpu-kit/install.sh .gpu-kit/kit.tar.xz .gpu-kit/jit-cache.tar.xz
     pip install --no-deps --no-build-isolation -e .
     python -m pytest -q -rs tests/test_server_gpu.py          # LOCKS_GPU_TP=2: both servers on 2 GPUs; LOCKS_GPU_MODEL=DIR: another model
+    # LOCKS_GPU_KV_CACHE_DTYPE=fp8_e4m3: both servers on an fp8 KV cache (stock FlashInfer's the baseline)
 
 Two servers (about a minute each to start): stock FlashInfer (page size 16)
 and --enable-locks --locks-token-budget 2048 with a 40K context, whose decode
@@ -27,9 +28,10 @@ LOG_DIR = os.environ.get("OUT", "/tmp")
 BUDGET, CONTEXT, MIN_STEP_TOKENS = 2048, 40960, 1024
 # LOCKS_GPU_TP=N runs both servers with tensor parallelism over N GPUs (each rank scores its own KV heads).
 TP = os.environ.get("LOCKS_GPU_TP", "1")
+KV_CACHE_DTYPE = os.environ.get("LOCKS_GPU_KV_CACHE_DTYPE", "auto")
 COMMON = ["--model-path", MODEL, "--load-format", "dummy", "--skip-tokenizer-init", "--context-length", str(CONTEXT),
           "--mem-fraction-static", "0.6", "--cuda-graph-max-bs", "8", "--disable-prefill-cuda-graph",
-          "--tp-size", TP]
+          "--tp-size", TP, "--kv-cache-dtype", KV_CACHE_DTYPE]
 
 
 def start_server(name, port, flags, env=None):

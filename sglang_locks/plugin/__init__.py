@@ -7,7 +7,7 @@ registers hooks; each hook is a no-op unless the server runs with --enable-locks
 from __future__ import annotations
 
 from . import audit, counters, graph_variants, memory, server_args, summary_store
-from .compat import SUPPORTED_SGLANG_VERSIONS, supported_range
+from .compat import SUPPORTED_SGLANG_VERSIONS, hicache_load_back_target, supported_range
 
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 ALLOCATOR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
@@ -31,11 +31,17 @@ HOOKS = (
 )
 
 
+def optional_hooks():
+    """Hooks on targets only some supported releases have (registered where they exist, required where used)."""
+    load_back = hicache_load_back_target()
+    return ((load_back, summary_store.on_load_back, "AFTER"),) if load_back else ()
+
+
 def register() -> None:
     from sglang.srt.layers.attention import attention_registry
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for target, hook, kind in HOOKS:
+    for target, hook, kind in (*HOOKS, *optional_hooks()):
         HookRegistry.register(target, hook, HookType[kind])
     # The registry is a dict, which hooks do not rebind: wrap its "flashinfer" entry here.
     stock = attention_registry.ATTENTION_BACKENDS["flashinfer"]
@@ -43,15 +49,19 @@ def register() -> None:
         attention_registry.ATTENTION_BACKENDS["flashinfer"] = _locks_or_stock(stock)
 
 
-def check_installed() -> None:
-    """Refuse --enable-locks unless this is a supported SGLang and every hook is in place: SGLang only logs a hook
-    it failed to apply, and without the release hooks freed pages would be scored from their old summaries."""
+def check_installed(server_args=None) -> None:
+    """Refuse --enable-locks unless this is a supported SGLang and every hook it needs is in place: SGLang only
+    logs a hook it failed to apply, and without the release hooks freed pages would be scored from their old
+    summaries (without the load-back hook, so would HiCache's reloaded pages)."""
     import sglang
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     if sglang.__version__ not in SUPPORTED_SGLANG_VERSIONS:
         raise RuntimeError(f"--enable-locks supports SGLang {supported_range()}, not {sglang.__version__}")
-    missing = [target for target, _, _ in HOOKS if target not in HookRegistry._patched]
+    needed = [target for target, _, _ in HOOKS]
+    if getattr(server_args, "enable_hierarchical_cache", False):
+        needed += [target for target, _, _ in optional_hooks()] or ["HiRadixCache.load_back (absent)"]
+    missing = [target for target in needed if target not in HookRegistry._patched]
     if missing:
         raise RuntimeError(f"--enable-locks: SGLang did not apply the plugin's hooks to {', '.join(missing)} "
                            "(see SGLang's 'Failed to apply hooks' log lines)")
@@ -62,7 +72,7 @@ def _locks_or_stock(stock_factory):
         config = server_args.locks_config_of(runner.server_args)
         if config is None:
             return stock_factory(runner)
-        check_installed()
+        check_installed(runner.server_args)
         from .attention_backend import LocksFlashInferAttnBackend  # needs FlashInfer
 
         return LocksFlashInferAttnBackend(runner, config)

@@ -10,6 +10,12 @@ FlashInfer, and so do requests shorter than --locks-min-context when that
 exceeds the budget: they run through FlashInfer's plan with the long
 requests' lengths set to 1, LOCKS with the short ones' set to 1, and each
 row keeps its path's output.
+
+An fp8 KV cache (--kv-cache-dtype fp8_e4m3) holds each layer's keys and
+values divided by its k_scale_float / v_scale_float (from the checkpoint,
+else 1.0): the summaries are built from the dequantised keys, the decode
+step's KV goes in through the pool's set_kv_buffer (which quantises), and
+the sparse decode reads the pages with the layer's scales.
 """
 
 from __future__ import annotations
@@ -48,9 +54,12 @@ def _unsupported(runner) -> Optional[str]:
         return "sliding-window attention"
     if mc.is_encoder_decoder:
         return "encoder-decoder models"
-    if runner.kv_cache_dtype not in (torch.bfloat16, torch.float16):
-        return f"KV cache dtype {runner.kv_cache_dtype} (bf16/fp16 only)"
-    if runner.dtype != runner.kv_cache_dtype:
+    if runner.kv_cache_dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        return f"KV cache dtype {runner.kv_cache_dtype} (bf16, fp16 or float8_e4m3fn only)"
+    if runner.kv_cache_dtype == torch.float8_e4m3fn:
+        if runner.dtype not in (torch.bfloat16, torch.float16):
+            return f"{runner.dtype} queries on a {runner.kv_cache_dtype} KV cache (bf16 or fp16 queries only)"
+    elif runner.dtype != runner.kv_cache_dtype:
         return (f"{runner.dtype} queries on a {runner.kv_cache_dtype} KV cache (--dtype and --kv-cache-dtype must "
                 "give one dtype, bf16 or fp16)")
     layout = getattr(getattr(runner, "token_to_kv_pool", None), "kv_cache_layout", "nhd")
@@ -62,6 +71,19 @@ def _unsupported(runner) -> Optional[str]:
 
 def _attention_layers(model) -> Dict[int, RadixAttention]:
     return {m.layer_id: m for m in model.modules() if isinstance(m, RadixAttention)}
+
+
+def _k_scale(layer: RadixAttention) -> float:
+    """The layer's k scale of an fp8 KV cache, set at model load (None: the cache holds the keys unscaled)."""
+    return 1.0 if layer.k_scale_float is None else layer.k_scale_float
+
+
+def _kv_written_in_select(q_dtype, kv_dtype, pool) -> bool:
+    """Whether the decode step's keys and values go into the cache inside the selection launch (CacheWrite), not
+    by a store launch of their own: where that is a plain copy, into a cache of the queries' dtype. Others (fp8)
+    go through the pool's set_kv_buffer, which quantises them with the layer's scales as SGLang's own writes do."""
+    return (kv_dtype == q_dtype and getattr(pool, "store_dtype", None) == pool.dtype
+            and not getattr(pool, "is_quantized_kv_cache", False))
 
 
 class LocksFlashInferAttnBackend(FlashInferAttnBackend):
@@ -92,13 +114,13 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         self.head_dim = mc.head_dim
         self.q_dtype, self.kv_dtype = runner.dtype, runner.kv_cache_dtype
         self.static_max_pages = -(-self.max_context_len // PAGE_SIZE)
+        # An fp8 cache's k scales (set at model load, before the backend), which the summary builds and the audit
+        # dequantise the keys by; a 16-bit cache holds the keys as they are (None).
+        self.k_scales = ({l: _k_scale(layers[l]) for l in locks_layers} if self.kv_dtype == torch.float8_e4m3fn
+                         else None)
         self.store = self._store_for(runner, locks_layers)
         self.audit = self._audit_for(runner, locks_layers)
-        # The decode step's keys and values go into the cache inside the selection launch (CacheWrite), not by a
-        # store launch of their own, where that is a plain copy.
-        pool = self.token_to_kv_pool
-        self.write_kv_in_select = (self.kv_dtype == self.q_dtype and getattr(pool, "store_dtype", None) == pool.dtype
-                                   and not getattr(pool, "is_quantized_kv_cache", False))
+        self.write_kv_in_select = _kv_written_in_select(self.q_dtype, self.kv_dtype, self.token_to_kv_pool)
         # Rows shorter than min_context take FlashInfer's path (only when that exceeds the budget:
         # within it LOCKS attends every page anyway).
         self.dense_rows = config.min_context > config.token_budget
@@ -128,8 +150,12 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         store = store_for_pool(pool)  # one per pool, shared by the backends of one runner
         if store is None:
             num_pages = pool.get_key_buffer(pool.start_layer).shape[0] // PAGE_SIZE
+            k_scales = None
+            if self.k_scales is not None:  # the summaries are those of the dequantised keys
+                k_scales = torch.tensor([self.k_scales[l] for l in locks_layers], dtype=torch.float32,
+                                        device=runner.device)
             store = SummaryStore(self.config, locks_layers, num_pages, self.num_kv_heads, self.head_dim,
-                                 runner.device)
+                                 runner.device, k_scales=k_scales)
             attach_store(pool, store)
             store.warm_up(pool)
             logger.info("LOCKS summary store: %d pages x %d layers x %d KV heads, %.2f GiB (%s, rank %d)",
@@ -289,7 +315,7 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         tables = self.req_to_token_pool.req_to_token[fb.req_pool_indices[:n], :max_tokens]
         pool = self.token_to_kv_pool
         self.audit.run({layer: pool.get_key_buffer(layer) for layer in self.audit.slot_of}, tables,
-                       self.locks_seq_lens[:n], max_tokens, self.decoder.sparse.indptr, self.sm_scale)
+                       self.locks_seq_lens[:n], max_tokens, self.decoder.sparse.indptr, self.sm_scale, self.k_scales)
 
     # ------------------------------------------------------------ per-layer work
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
@@ -317,7 +343,9 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         q3 = q.contiguous().view(bs, self.num_qo_heads, self.head_dim)
         o = self.decoder.run(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
                              self.store.layer(layer.layer_id), self.req_to_token_pool.req_to_token,
-                             forward_batch.req_pool_indices[:bs], self.locks_seq_lens, new_kv)
+                             forward_batch.req_pool_indices[:bs], self.locks_seq_lens, new_kv,
+                             # Python floats, as FlashInfer's own decode takes them: no device read in the graph.
+                             k_scale=layer.k_scale_float, v_scale=layer.v_scale_float)
         if self.audit is not None:
             self.audit.capture(layer.layer_id, q3, self.decoder.sparse.indices)
         if self.dense_rows:

@@ -9,7 +9,7 @@ every N-th LOCKS step's forward (an AFTER hook on ``ModelRunner.forward``,
 on the forward's stream, before anything can free the step's pages or
 overwrite its request rows), ``run`` computes eagerly from the K cache the
 exact mass per page of those rows and the share their entries held
-(sglang_locks.page_mass), and starts a non-blocking copy of the shares and
+(sglang_locks.page_mass, all audited layers in one pass), and starts a non-blocking copy of the shares and
 of the store's device counters to the host. The next audit publishes it to
 Prometheus (audit_metrics) once the copy has landed, and skips its own
 work while it has not: no step waits for the device.
@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..config import PAGE_SIZE
-from ..page_mass import attended_pages, attended_share, page_mass
+from ..page_mass import attended_share, layers_attended_pages, layers_page_mass
 
 
 @dataclass(frozen=True)
@@ -101,21 +101,23 @@ class RecallAudit:
         return self.steps % self.config.every == 0
 
     def run(self, k_buffers: Dict[int, torch.Tensor], tables: torch.Tensor, seq_lens: torch.Tensor,
-            max_tokens: int, indptr: torch.Tensor, sm_scale: float) -> None:
+            max_tokens: int, indptr: torch.Tensor, sm_scale: float,
+            k_scales: Optional[Dict[int, float]] = None) -> None:
         """After the step's forward, eagerly: the shares of the captured rows of the batch's first n requests.
         tables [n, >= max_tokens] their req_to_token rows; seq_lens [n] their LOCKS lengths (device);
-        max_tokens >= each of them (host); indptr the sparse decode's rows of the step."""
+        max_tokens >= each of them (host); indptr the sparse decode's rows of the step; k_scales: layer ->
+        its k scale (page_mass: an fp8 cache holds keys / k_scale), for the audited layers at least (None: 1.0)."""
         if not self.publish():
             return
         n = tables.shape[0]
-        shares = []
-        for slot, (layer, _) in enumerate(self.groups):
-            mass = page_mass(self.q[slot, :n], k_buffers[layer], tables, seq_lens, max_tokens, sm_scale)
-            entries = self.indices[slot, : n * self.entries_per_request]
-            shares.append(attended_share(mass, attended_pages(tables, mass.shape[-1], indptr, entries,
-                                                              self.num_kv_heads)))
+        layers = [layer for layer, _ in self.groups]
+        scales = [1.0 if k_scales is None else k_scales[layer] for layer in layers]
+        mass = layers_page_mass(self.q[:, :n], [k_buffers[layer] for layer in layers], scales, tables, seq_lens,
+                                max_tokens, sm_scale)
+        entries = self.indices[:, : n * self.entries_per_request]
+        attended = layers_attended_pages(tables, mass.shape[-1], indptr, entries, self.num_kv_heads)
         selecting = (seq_lens.to(torch.int64) // PAGE_SIZE > self.budget_pages)[None, :, None]
-        share = torch.where(selecting, torch.stack(shares), torch.full((), math.nan, device=seq_lens.device))
+        share = torch.where(selecting, attended_share(mass, attended), torch.full((), math.nan, device=seq_lens.device))
         self._in_flight = _HostCopy(share, self.store.device_counts())
 
     def publish(self) -> bool:

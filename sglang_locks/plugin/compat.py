@@ -9,6 +9,9 @@ therefore imports only the standard library at module level.
 
 from __future__ import annotations
 
+import importlib.util
+from typing import Optional
+
 # Each checked on CPU in CI (tests/requirements-sglang-cpu*.txt); the GPU tests run on the first.
 SUPPORTED_SGLANG_VERSIONS = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
@@ -49,3 +52,16 @@ def cuda_graph_config(server_args):
     from sglang.srt.arg_groups.overrides import resolved_view
 
     return resolved_view(server_args).cuda_graph_config
+
+
+HICACHE_MODULE = "sglang.srt.mem_cache.hiradix_cache"
+
+
+def hicache_load_back_target() -> Optional[str]:
+    """HiRadixCache.load_back, the hook target that lets --enable-hierarchical-cache run with LOCKS, where this
+    SGLang has its hiradix_cache module (later releases fold HiCache into unified_radix_cache); else None."""
+    try:
+        found = importlib.util.find_spec(HICACHE_MODULE) is not None
+    except ImportError:  # no sglang at all
+        found = False
+    return f"{HICACHE_MODULE}.HiRadixCache.load_back" if found else None

@@ -12,13 +12,15 @@ from .summary_store import store_for_pool
 def count_reused_pages(original, batch):
     """AROUND hook on ScheduleBatch.prepare_for_extend: new cached tokens of each request
     (SGLang's own ``cached_tokens``, own earlier chunks excluded) are sealed pages whose
-    summaries are reused, not rebuilt."""
+    summaries are reused, not rebuilt, but for those HiCache loaded back from host memory for
+    this batch (counted there, rebuilt)."""
     store = store_for_pool(batch.token_to_kv_pool_allocator.get_kvcache())
     if store is None:
         return original(batch)
     before = [req.cached_tokens for req in batch.reqs]
     result = original(batch)
-    store.count_reused(sum((req.cached_tokens - n) // PAGE_SIZE for req, n in zip(batch.reqs, before)))
+    cached = sum((req.cached_tokens - n) // PAGE_SIZE for req, n in zip(batch.reqs, before))
+    store.count_reused(cached - store.take_loaded_pages())
     return result
 
 

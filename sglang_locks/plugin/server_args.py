@@ -35,8 +35,9 @@ FLAGS = {
     "prefilter_rank": "--locks-prefilter-rank",
     "sparse_decode": "--locks-sparse-decode",
 }
-# SGLang: the KV cache must hold what the summaries and FlashInfer sparse decode read as is.
-SUPPORTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
+# SGLang: the KV cache must hold what the summaries and the sparse decode read: 16-bit keys and values as is, or
+# fp8_e4m3 ones divided by their layer's scale (float8_e4m3fn, with bf16 or fp16 queries).
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp8_e4m3")
 # --dtype and --kv-cache-dtype values -> the torch dtype they give (absent: auto, the model's).
 DTYPES = {"half": "float16", "float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float": "float32", "float32": "float32"}
@@ -154,8 +155,8 @@ def _reject_unsupported(ns: argparse.Namespace) -> None:
     q_dtype = DTYPES.get(ns.dtype)
     if q_dtype == "float32":
         fail(f"--dtype {ns.dtype}", "LOCKS's kernels take bf16 or fp16 queries")
-    kv_dtype = DTYPES.get(ns.kv_cache_dtype, q_dtype)
-    if q_dtype is not None and kv_dtype != q_dtype:  # with --dtype auto the attention backend checks at load
+    kv_dtype = DTYPES.get(ns.kv_cache_dtype)  # a 16-bit cache's (None: auto or fp8_e4m3, either query dtype)
+    if q_dtype is not None and kv_dtype not in (None, q_dtype):  # with auto the attention backend checks at load
         fail(f"--dtype {ns.dtype} with --kv-cache-dtype {ns.kv_cache_dtype}",
              "queries and KV cache must share one dtype (bf16 or fp16)")
     if ns.pp_size > 1:
@@ -163,8 +164,11 @@ def _reject_unsupported(ns: argparse.Namespace) -> None:
              "(the attention backend checks --locks-dense-layers against its stage's own)")
     if ns.speculative_algorithm:
         fail("--speculative-algorithm", "verify steps move KV between pages")
-    if ns.enable_hierarchical_cache:
-        fail("--enable-hierarchical-cache", "pages loaded back from host memory have no summaries")
+    if ns.enable_hierarchical_cache and compat.hicache_load_back_target() is None:
+        import sglang
+
+        fail("--enable-hierarchical-cache", f"SGLang {sglang.__version__} has no hiradix_cache.HiRadixCache, whose "
+             "load-back LOCKS follows to rebuild the summaries of reloaded pages (0.5.17 to 0.5.20 have it)")
     if getattr(ns, "enable_hisparse", False):
         fail("--enable-hisparse", "another sparse attention")
     if ns.dcp_size > 1:

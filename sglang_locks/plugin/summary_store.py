@@ -30,7 +30,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import torch
 
 from ..config import PAGE_SIZE, LocksConfig
-from ..summaries import PageSummaries
+from ..summaries import PageSummaries, cached_keys
 
 # The KV pool a store belongs to -> the store (the allocator hooks only see the pool).
 _STORES: "weakref.WeakKeyDictionary[object, SummaryStore]" = weakref.WeakKeyDictionary()
@@ -73,8 +73,11 @@ class SealedPages:
 
 class SummaryStore:
     def __init__(self, config: LocksConfig, layer_ids: Sequence[int], num_pages: int, num_kv_heads: int,
-                 head_dim: int, device) -> None:
+                 head_dim: int, device, k_scales: Optional[torch.Tensor] = None) -> None:
+        """k_scales: float32 [layers] on the device, the k scales of an fp8 KV cache (its buffers hold keys /
+        k_scale) in layer_ids order, whose dequantised keys the summaries are built from; None for 16-bit caches."""
         self.config = config
+        self.k_scales = k_scales
         self.num_pages = num_pages  # page 0 included
         self.slot_of_layer: Dict[int, int] = {l: i for i, l in enumerate(layer_ids)}
         self.summaries = PageSummaries.allocate(
@@ -85,6 +88,9 @@ class SummaryStore:
         self.page_generation = torch.zeros(num_pages, dtype=torch.int32, device=device)
         self.summary_generation = torch.full((num_pages,), -1, dtype=torch.int32, device=device)
         self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (pages, generation when sealed)
+        self._loaded: List[SealedPages] = []  # HiCache load-backs the next extend builds (record_loaded)
+        self.loaded_pages = 0  # pages loaded back from host memory, each rebuilt (host count)
+        self._loaded_uncounted = 0  # of those, not yet subtracted from a reuse count (take_loaded_pages)
         self.built_pages = 0  # pages handed to a build (host count)
         self.reused_pages = 0  # sealed pages of radix-cache hits, never rebuilt
         self.released_pages = 0  # pages the allocator released one by one (host count; clears not included)
@@ -126,9 +132,9 @@ class SummaryStore:
         counts = (torch.as_tensor(seq_lens_cpu, dtype=torch.int64) // PAGE_SIZE - first).clamp_min(0)
         total = int(counts.sum())
         if total == 0:
-            return SealedPages(torch.zeros(0, dtype=torch.int64, device=device),
-                               torch.zeros(0, PAGE_SIZE, dtype=torch.int64, device=device),
-                               torch.zeros(0, dtype=torch.int32, device=device))
+            return self._with_loaded(SealedPages(torch.zeros(0, dtype=torch.int64, device=device),
+                                                 torch.zeros(0, PAGE_SIZE, dtype=torch.int64, device=device),
+                                                 torch.zeros(0, dtype=torch.int32, device=device)))
         rows = torch.repeat_interleave(torch.arange(counts.numel()), counts)
         page_in_req = torch.arange(total) - torch.repeat_interleave(counts.cumsum(0) - counts, counts) + first[rows]
         rows_t = rows.to(device, non_blocking=True)
@@ -137,14 +143,44 @@ class SummaryStore:
         slots = req_to_token[req[:, None], pos[:, None] + torch.arange(PAGE_SIZE, device=device)].to(torch.int64)
         pages = slots[:, 0] // PAGE_SIZE
         self.built_pages += total
-        return SealedPages(pages, slots, self.page_generation[pages])
+        return self._with_loaded(SealedPages(pages, slots, self.page_generation[pages]))
+
+    # ------------------------------------------------------------------ HiCache load-back
+    def record_loaded(self, device_indices: torch.Tensor) -> None:
+        """Token slots HiCache loaded host KV back into (page-aligned, device): those pages hold another
+        occupant's summary. The next extend, the forward that waits for each layer's load before its
+        attention, builds them with its own sealed pages (rebuilt rather than copied with the KV: see
+        docs/design.md, "HiCache")."""
+        if device_indices.numel() % PAGE_SIZE:
+            raise RuntimeError(f"HiCache loaded {device_indices.numel()} token slots, not whole {PAGE_SIZE}-token "
+                               "pages (LOCKS needs --page-size 16)")
+        slots = device_indices.to(torch.int64).reshape(-1, PAGE_SIZE)
+        pages = slots[:, 0] // PAGE_SIZE
+        self._loaded.append(SealedPages(pages, slots, self.page_generation[pages].clone()))
+        self.built_pages += pages.numel()
+        self.loaded_pages += pages.numel()
+        self._loaded_uncounted += pages.numel()
+
+    def take_loaded_pages(self) -> int:
+        """Pages loaded back since the last call: SGLang counts them as cached tokens, yet they are rebuilt."""
+        n, self._loaded_uncounted = self._loaded_uncounted, 0
+        return n
+
+    def _with_loaded(self, sealed: SealedPages) -> SealedPages:
+        if not self._loaded:
+            return sealed
+        parts = [sealed, *self._loaded]
+        self._loaded.clear()
+        return SealedPages(*(torch.cat([getattr(p, name) for p in parts]) for name in ("pages", "slots", "generation")))
 
     def build_layer(self, layer_id: int, k_buffer: torch.Tensor, sealed: SealedPages) -> None:
         """Summarise one layer's keys of the sealed pages, once per extend (called once the layer's KV is in
         the cache); the pages become valid when every LOCKS layer is built."""
         if not len(sealed) or layer_id not in self._views or layer_id in sealed.built_layers:
             return
-        self._views[layer_id].write_from_cache(sealed.pages[None], [k_buffer], sealed.slots)
+        slot = self.slot_of_layer[layer_id]
+        k_scale = None if self.k_scales is None else self.k_scales[slot : slot + 1]
+        self._views[layer_id].write_from_cache(sealed.pages[None], [k_buffer], sealed.slots, k_scale)
         sealed.built_layers.add(layer_id)
         if len(sealed.built_layers) == len(self._views):
             self.summary_generation[sealed.pages] = sealed.generation
@@ -175,7 +211,8 @@ class SummaryStore:
         target = torch.where(alive, pages, torch.zeros_like(pages))
         slots = pages[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE, device=pages.device)
         rows = target[None, :] + self._layer_rows[:, None]
-        self.summaries.write_from_cache(rows, [kv_pool.get_key_buffer(l) for l in self.layer_ids], slots)
+        self.summaries.write_from_cache(rows, [kv_pool.get_key_buffer(l) for l in self.layer_ids], slots,
+                                        self.k_scales)
         self.summary_generation[target] = torch.where(alive, sealed_gen, self.summary_generation[target])
 
     def warm_up(self, kv_pool) -> None:
@@ -183,8 +220,9 @@ class SummaryStore:
         kernels are compiled at start-up, not in the first request's decode steps."""
         slots = torch.arange(PAGE_SIZE, dtype=torch.int64, device=self.page_generation.device)[None]
         buffers = [kv_pool.get_key_buffer(l) for l in self.layer_ids]
-        self.summaries.write_from_cache(self._layer_rows[:, None], buffers, slots)
-        self.summaries.write(self._layer_rows[:1], buffers[0][slots])
+        self.summaries.write_from_cache(self._layer_rows[:, None], buffers, slots, self.k_scales)
+        k_scale = None if self.k_scales is None else self.k_scales[0]
+        self.summaries.write(self._layer_rows[:1], cached_keys(buffers[0], slots, k_scale))
 
     # ------------------------------------------------------------------ checks and counters
     def stale_scorable_pages(self, req_to_token, req_pool_indices, seq_lens) -> torch.Tensor:
@@ -224,6 +262,7 @@ class SummaryStore:
         return {
             "built_pages": self.built_pages - dropped,
             "reused_pages": self.reused_pages,
+            "loaded_pages": self.loaded_pages,
             "released_pages": self.released_pages,
             "dropped_released_pages": dropped,
             "stale_scorable_pages": stale,
@@ -240,6 +279,16 @@ def on_release_pages(_result, allocator, *page_ids: torch.Tensor) -> None:
     store = store_for_pool(allocator.get_kvcache())
     if store is not None:
         store.invalidate(*page_ids)
+
+
+def on_load_back(result, cache, *_args, **_kwargs) -> None:
+    """AFTER hook on HiRadixCache.load_back: result, the device token slots the host KV goes to (None: not
+    loaded)."""
+    if result is None or not result.numel():
+        return
+    store = store_for_pool(cache.token_to_kv_pool_allocator.get_kvcache())
+    if store is not None:
+        store.record_loaded(result)
 
 
 def on_allocator_clear(_result, allocator) -> None:
