@@ -1,7 +1,7 @@
 """Selector evaluation on captured keys.
 
     python -m sglang_locks.evaluate --kv FILE.pt --budget 64,256,512,2048 \
-        [--selectors locks,quest,shared,oracle] [--json]
+        [--selectors locks,quest,shared,oracle] [--kv-cache-dtype fp8_e4m3 [--k-scale S]] [--json]
 
 FILE.pt is a dict with ``keys`` [N, H_kv, d] (post-RoPE, as cached),
 ``queries`` [M, H_q, d] (decode queries that come after the N keys) and
@@ -191,6 +191,29 @@ def evaluate(
     return rows
 
 
+KV_CACHE_DTYPES = ("bf16", "fp16", "fp8_e4m3")
+_TORCH_KV_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def as_cached(data: Dict[str, Optional[torch.Tensor]], kv_cache_dtype: str, k_scale: float = 1.0,
+              v_scale: float = 1.0) -> Dict[str, Optional[torch.Tensor]]:
+    """The keys and values as a server's KV cache of kv_cache_dtype holds them, read back as float32: an fp8
+    cache stores key / k_scale and value / v_scale (SGLang's --kv-cache-dtype fp8_e4m3, with the layer's
+    scales: 1.0 without checkpoint scales). Queries are left as they are. Both the summaries and the exact
+    attention the recall is measured against then see the cached keys, as in that server."""
+    if kv_cache_dtype not in _TORCH_KV_DTYPES:
+        raise InputError(f"--kv-cache-dtype {kv_cache_dtype}: one of {', '.join(KV_CACHE_DTYPES)}")
+    for name, scale in (("--k-scale", k_scale), ("--v-scale", v_scale)):
+        if not (math.isfinite(scale) and scale > 0):
+            raise InputError(f"{name} must be a positive finite number, got {scale}")
+    dtype = _TORCH_KV_DTYPES[kv_cache_dtype]
+
+    def cached(x, scale):
+        return None if x is None else ((x.float() / scale).to(dtype).float() * scale)
+
+    return dict(data, keys=cached(data["keys"], k_scale), values=cached(data.get("values"), v_scale))
+
+
 def _parse_budgets(text: str) -> List[int]:
     try:
         return [int(x) for x in text.split(",") if x]
@@ -211,10 +234,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--sink-pages", type=int, default=1)
     ap.add_argument("--local-pages", type=int, default=1)
     ap.add_argument("--aggregation", default="mass", choices=GQA_AGGREGATIONS)
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+                    help="evaluate on the keys and values as a KV cache of this dtype holds them (default: as stored)")
+    ap.add_argument("--k-scale", type=float, default=1.0, help="with --kv-cache-dtype fp8_e4m3: the layer's k scale")
+    ap.add_argument("--v-scale", type=float, default=1.0, help="with --kv-cache-dtype fp8_e4m3: the layer's v scale")
     ap.add_argument("--json", action="store_true", help="print one JSON list of rows")
     args = ap.parse_args(argv)
     try:
-        rows = evaluate(load_kv(args.kv), args.budget, [s.strip() for s in args.selectors.split(",") if s.strip()],
+        data = load_kv(args.kv)
+        if args.kv_cache_dtype:
+            data = as_cached(data, args.kv_cache_dtype, args.k_scale, args.v_scale)
+        rows = evaluate(data, args.budget, [s.strip() for s in args.selectors.split(",") if s.strip()],
                         args.rank, args.precision, args.sink_pages, args.local_pages, args.aggregation)
     except InputError as e:  # one line: ap.error would print the usage above it
         ap.exit(2, f"{ap.prog}: error: {e}\n")

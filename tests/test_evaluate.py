@@ -80,3 +80,28 @@ def test_prefilter_selector_is_the_decode_rule(kv_file, capsys):
 def test_bad_prefilter_specs_are_rejected(spec):
     with pytest.raises(ValueError, match="locks-prefilter:F"):
         ev.make_selector(spec)
+
+
+def test_as_cached_rounds_keys_and_values_as_each_cache_stores_them():
+    data = structured_kv(tokens=300, queries=2, seed=3)
+    k, v = data["keys"].float(), data["values"].float()
+    bf16 = ev.as_cached(data, "bf16")
+    assert torch.equal(bf16["keys"], k.bfloat16().float()) and torch.equal(bf16["queries"], data["queries"])
+    fp8 = ev.as_cached(data, "fp8_e4m3", k_scale=0.37, v_scale=2.5)
+    assert torch.equal(fp8["keys"], (k / 0.37).to(torch.float8_e4m3fn).float() * 0.37)
+    assert torch.equal(fp8["values"], (v / 2.5).to(torch.float8_e4m3fn).float() * 2.5)
+    assert not torch.equal(fp8["keys"], bf16["keys"])  # fp8 keeps 3 mantissa bits, bf16 7
+    assert ev.as_cached({**data, "values": None}, "fp16")["values"] is None
+
+
+def test_cli_evaluates_the_cached_keys_and_refuses_bad_scales(kv_file, capsys):
+    assert ev.main(["--kv", kv_file, "--budget", "512", "--selectors", "locks", "--json"]) == 0
+    stored = json.loads(capsys.readouterr().out)[0]["recall"]
+    assert ev.main(["--kv", kv_file, "--budget", "512", "--selectors", "locks", "--kv-cache-dtype", "fp8_e4m3",
+                    "--json"]) == 0
+    fp8 = json.loads(capsys.readouterr().out)[0]["recall"]
+    assert fp8 != stored and abs(fp8 - stored) < 0.05
+    for flag in ("--k-scale", "--v-scale"):
+        with pytest.raises(SystemExit):
+            ev.main(["--kv", kv_file, "--budget", "512", "--kv-cache-dtype", "fp8_e4m3", flag, "0"])
+        assert f"{flag} must be a positive finite number, got 0.0" in capsys.readouterr().err
