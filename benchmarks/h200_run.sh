@@ -8,8 +8,9 @@
 #            step of all layers as the server runs it (~5 min; args go to attention_decode.py)
 #   server   the SGLang server test: greedy equality, long contexts,    -> server_gpu.log, server logs
 #            shared-prefix reuse (~3.5 min)
-#   hicache  HiCache with LOCKS: a turn reloaded from host memory, tokens -> hicache_gpu.log, hicache/hicache_server.json
-#            as without HiCache, no stale summary, its TTFT against HiCache without LOCKS (~4 min)
+#   hicache  HiCache with LOCKS: a turn reloaded from host memory, tokens -> hicache_gpu.log, hicache/hicache_server.json,
+#            as without HiCache, no stale summary, its TTFT against HiCache     hicache_summary_cost.json
+#            without LOCKS; then rebuilding reloaded pages' summaries against copying them (~5 min)
 #   build    summary-build benchmark, then the host time of a decode     -> summary_build.json, flush_host_time.log
 #            step's summary flush
 #   e2e      SGLang decode, FullKV vs --enable-locks (args go to         -> e2e_decode.json, e2e_logs/
@@ -59,7 +60,8 @@ server)
     OUT="$OUT/server" python3 -m pytest -q -rs tests/test_server_gpu.py 2>&1 | tee "$OUT/server_gpu.log" ;;
 hicache)
     mkdir -p "$OUT/hicache"
-    OUT="$OUT/hicache" python3 -m pytest -q -rs -s tests/test_server_hicache_gpu.py 2>&1 | tee "$OUT/hicache_gpu.log" ;;
+    OUT="$OUT/hicache" python3 -m pytest -q -rs -s tests/test_server_hicache_gpu.py 2>&1 | tee "$OUT/hicache_gpu.log"
+    python3 benchmarks/hicache_summary_cost.py --out "$OUT/hicache_summary_cost.json" 2>&1 | tee -a "$OUT/hicache_gpu.log" ;;
 build)
     (cd benchmarks && python3 summary_build.py --out "$OUT/summary_build.json") 2>&1 | tee "$OUT/summary_build.log"
     python3 benchmarks/flush_host_time.py 2>&1 | tee "$OUT/flush_host_time.log" ;;
