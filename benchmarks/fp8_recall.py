@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     for r in rows:
         if r["kv_cache_dtype"] == "fp8_e4m3":
             r["fp8_minus_bf16_points"] = 100 * (r["recall"] - recall[("bf16", r["selector"], r["budget"])])
-    out = {**header(argv), "gpu": "CPU (torch references)", "command": " ".join(["python", "benchmarks/fp8_recall.py", *argv]), "model": MODEL,
-           "context": args.context, "queries_per_layer": args.queries,
+    out = {**header(argv), "gpu": "CPU (torch references)",
+           "command": " ".join(["python", "benchmarks/fp8_recall.py", *argv]), "model": MODEL, "context": args.context, "queries_per_layer": args.queries,
            "documents": [f"{d['package']}@{d['offset']}" for d in docs], "k_scale": 1.0, "rows": rows}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

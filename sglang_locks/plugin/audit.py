@@ -9,8 +9,8 @@ every N-th LOCKS step's forward (an AFTER hook on ``ModelRunner.forward``,
 on the forward's stream, before anything can free the step's pages or
 overwrite its request rows), ``run`` computes eagerly from the K cache the
 exact mass per page of those rows and the share their entries held
-(sglang_locks.page_mass, all audited layers in one pass), and starts a non-blocking copy of the shares and
-of the store's device counters to the host. The next audit publishes it to
+(sglang_locks.page_mass, all audited layers in one pass), and starts a
+non-blocking copy of the shares and of the store's device counters to the host. The next audit publishes it to
 Prometheus (audit_metrics) once the copy has landed, and skips its own
 work while it has not: no step waits for the device.
 
@@ -117,7 +117,8 @@ class RecallAudit:
         entries = self.indices[:, : n * self.entries_per_request]
         attended = layers_attended_pages(tables, mass.shape[-1], indptr, entries, self.num_kv_heads)
         selecting = (seq_lens.to(torch.int64) // PAGE_SIZE > self.budget_pages)[None, :, None]
-        share = torch.where(selecting, attended_share(mass, attended), torch.full((), math.nan, device=seq_lens.device))
+        unobserved = torch.full((), math.nan, device=seq_lens.device)
+        share = torch.where(selecting, attended_share(mass, attended), unobserved)
         self._in_flight = _HostCopy(share, self.store.device_counts())
 
     def publish(self) -> bool:

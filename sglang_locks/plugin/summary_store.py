@@ -156,7 +156,7 @@ class SummaryStore:
                                "pages (LOCKS needs --page-size 16)")
         slots = device_indices.to(torch.int64).reshape(-1, PAGE_SIZE)
         pages = slots[:, 0] // PAGE_SIZE
-        self._loaded.append(SealedPages(pages, slots, self.page_generation[pages].clone()))
+        self._loaded.append(SealedPages(pages, slots, self.page_generation[pages]))  # indexing copies
         self.built_pages += pages.numel()
         self.loaded_pages += pages.numel()
         self._loaded_uncounted += pages.numel()
