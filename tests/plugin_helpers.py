@@ -62,12 +62,15 @@ class Harness:
     def __init__(self, config, pages=64, max_context=1024, kv_writer="backend", kv_dtype=torch.float32):
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache import memory_pool
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
         from sglang.srt.mem_cache.radix_cache import RadixCache
 
         from sglang_locks.plugin.summary_store import SummaryStore, attach_store
 
         load_sglang_plugins()
+        # The pools live on the CPU, but SGLang picks its KV store kernel by the machine (CUDA-only on a GPU one).
+        memory_pool._is_cuda = False
         size = pages * 16
         self.req_to_token_pool = ReqToTokenPool(size=8, max_context_len=max_context, device="cpu",
                                                 enable_memory_saver=False)

@@ -40,13 +40,16 @@ def test_shared_runs_scored_once_give_each_requests_scores(hkv, group, batch, pr
     scores, part_max, part_sum = score_pages_shared(q, *args, runs, chunk_pages=16)
     ref = score_pages_torch(q.double(), *args)
     sealed_pages = torch.isfinite(ref)
-    assert torch.allclose(scores[sealed_pages].double(), ref[sealed_pages], atol=1e-3, rtol=1e-3)
+    # As score_pages_triton's test: float32 summaries meet a TF32 tensor-core dot on the GPU (the interpreter's is
+    # float32); int8/int4 operands are exact there.
+    tol = 1e-3 if precision == "int8-int4-int8" or device == "cpu" else 2e-2
+    assert torch.allclose(scores[sealed_pages].double(), ref[sealed_pages], atol=tol, rtol=tol)
     # The partials of both launches make each query head's mass over its sealed pages.
     lse = torch.logsumexp(part_max.double() + part_sum.double().log(), -1)
     want = torch.logsumexp(ref, -1)
     has_pages = torch.isfinite(want)
     assert torch.equal(torch.isfinite(lse), has_pages)
-    assert torch.allclose(lse[has_pages], want[has_pages], atol=1e-3, rtol=1e-3)
+    assert torch.allclose(lse[has_pages], want[has_pages], atol=tol, rtol=tol)
 
 
 def test_a_shared_run_is_read_once_for_all_its_members(device):

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from e2e_decode import header  # noqa: E402
 from server_process import Server, random_prompts as prompts  # noqa: E402
 
 MODEL = os.environ.get("LOCKS_GPU_MODEL", os.path.join(ROOT, ".gpu-kit", "llama8b-dummy"))
@@ -33,7 +34,8 @@ COMMON = ["--model-path", MODEL, "--load-format", "dummy", "--skip-tokenizer-ini
           "--cuda-graph-max-bs", "8", "--disable-prefill-cuda-graph"]
 # io backend "direct": plain copies, no JIT kernel (the GPU machine compiles nothing it was not given).
 HICACHE = ["--enable-hierarchical-cache", "--hicache-ratio", "4", "--hicache-io-backend", "direct"]
-LOCKS = ["--enable-locks", "--locks-token-budget", "2048"]
+# Every decode step sparse: at the default --locks-min-step-tokens a batch of one 20K-token request decodes densely.
+LOCKS = ["--enable-locks", "--locks-token-budget", "2048", "--locks-min-step-tokens", "0"]
 STOCK = ["--attention-backend", "flashinfer"]
 
 PREFIX = prompts(11, [PAGE * 1200])[0]
@@ -80,8 +82,9 @@ def runs():
            "locks": serve("locks_nohicache", 30032, LOCKS, check),
            "stock_hicache": serve("stock_hicache", 30033, [*STOCK, *HICACHE])}
     with open(os.path.join(LOG_DIR, "hicache_server.json"), "w") as f:
-        json.dump({k: {n: v for n, v in r.items() if n not in ("turn1", "turn2")} for k, r in got.items()}, f,
-                  indent=1)
+        head = dict(header([]), command="OUT=DIR python -m pytest -q -rs tests/test_server_hicache_gpu.py")
+        json.dump({**head, **{k: {n: v for n, v in r.items() if n not in ("turn1", "turn2")} for k, r in got.items()}},
+                  f, indent=1)
     return got
 
 
@@ -98,6 +101,12 @@ def test_second_turn_hits_the_host_cache_and_loads_the_prefix_back(runs):
 def test_tokens_equal_locks_without_hicache(runs):
     assert runs["locks_hicache"]["turn1"] == runs["locks"]["turn1"]
     assert runs["locks_hicache"]["turn2"] == runs["locks"]["turn2"]
+
+
+def test_second_turn_decodes_from_the_reloaded_pages_summaries(runs):
+    r = runs["locks_hicache"]
+    assert r["final"]["locks_decode_steps"] - r["after"]["locks_decode_steps"] >= TURN2_OUT - 1
+    assert r["final"]["dense_decode_steps"] == r["after"]["dense_decode_steps"]
 
 
 def test_no_page_scored_from_a_stale_summary(runs):
