@@ -9,7 +9,8 @@ One ``sglang.launch_server`` process at a time on one GPU (dummy weights, loopba
 ``--attention-backend flashinfer --page-size 16``, LOCKS the same flags plus ``--enable-locks
 --locks-token-budget 2048`` (``--modes locks_prefilter``: also ``--locks-prefilter 8
 --locks-prefilter-rank 2``); all ``--context-length 131072 --mem-fraction-static 0.85
---cuda-graph-max-bs-decode 64 --disable-prefill-cuda-graph --enable-metrics``. Each case is one
+--cuda-graph-max-bs-decode 64 --disable-prefill-cuda-graph --enable-metrics`` and ``--kv-cache-dtype``
+(``auto``; ``fp8_e4m3`` for both modes: each row's ``kv_cache_dtype``). Each case is one
 ``python -m sglang.bench_serving`` run against it, bounded by its prompt count and ``--run-timeout``:
 
 * ``generated-shared-prefix``: SGLang's own generator, G groups x P prompts, each its group's system
@@ -124,10 +125,11 @@ def prepare_model(shape: str, folder: str) -> str:
     return folder
 
 
-def server_flags(model: str, mode: str, context_length: int, budget: int) -> List[str]:
+def server_flags(model: str, mode: str, context_length: int, budget: int, kv_cache_dtype: str = "auto") -> List[str]:
     flags = ["--model-path", model, "--load-format", "dummy", "--attention-backend", "flashinfer", "--page-size",
              str(PAGE_SIZE), "--context-length", str(context_length), "--mem-fraction-static", "0.85",
-             "--cuda-graph-max-bs-decode", "64", "--disable-prefill-cuda-graph", "--enable-metrics"]
+             "--cuda-graph-max-bs-decode", "64", "--disable-prefill-cuda-graph", "--enable-metrics",
+             "--kv-cache-dtype", kv_cache_dtype]
     if mode == "fullkv":
         return flags
     flags += ["--enable-locks", "--locks-token-budget", str(budget)]
@@ -264,8 +266,9 @@ def run_case(server: Server, case: Case, base: dict, args, model: str, trace_pat
     return row
 
 
-def base_row(case: Case, shape: str, mode: str) -> dict:
-    return dict(dataset=case.dataset, shape=shape, mode=mode, concurrency=case.concurrency, groups=case.groups,
+def base_row(case: Case, shape: str, mode: str, kv_cache_dtype: str = "auto") -> dict:
+    return dict(dataset=case.dataset, shape=shape, mode=mode, kv_cache_dtype=kv_cache_dtype,
+                concurrency=case.concurrency, groups=case.groups,
                 prompts_per_group=case.prompts_per_group, system_len=case.system_len,
                 question_len=case.question_len, output_len=case.output_len)
 
@@ -273,9 +276,10 @@ def base_row(case: Case, shape: str, mode: str) -> dict:
 def run_server(shape: str, mode: str, cases: List[Case], args, model: str, trace_path, trace, encoder,
                emit) -> None:
     """One server for all cases of a mode; emit(row) after each case."""
-    bases = [base_row(c, shape, mode) for c in cases]
+    bases = [base_row(c, shape, mode, args.kv_cache_dtype) for c in cases]
     try:
-        server = Server(f"{shape}_{mode}", args.port, server_flags(model, mode, args.context_length, args.budget),
+        server = Server(f"{shape}_{mode}", args.port,
+                        server_flags(model, mode, args.context_length, args.budget, args.kv_cache_dtype),
                         args.log_dir, ready_timeout=args.ready_timeout)
     except RuntimeError as e:
         for b in bases:
@@ -300,12 +304,14 @@ def plot(json_path: str) -> str:
         rows = [r for r in json.load(f)["rows"] if r.get("output_throughput") is not None]
     series = {}
     for r in rows:
-        key = (r["dataset"], r["shape"], r["system_len"], r["groups"], r["prompts_per_group"])
+        key = (r["dataset"], r["shape"], r["system_len"], r["groups"], r["prompts_per_group"],
+               r.get("kv_cache_dtype", "auto"))
         series.setdefault(key, {}).setdefault(r["mode"], []).append((r["concurrency"], r["output_throughput"]))
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (key, modes) in enumerate(sorted(series.items(), key=str)):
-        dataset, shape, system_len, groups, prompts = key
-        label = f"{shape} {'agents' if dataset == AGENTIC else f'{groups}x{prompts}'} sys {system_len}"
+        dataset, shape, system_len, groups, prompts, kv_dtype = key
+        label = (f"{shape} {'agents' if dataset == AGENTIC else f'{groups}x{prompts}'} sys {system_len}"
+                 + ("" if kv_dtype == "auto" else f" {kv_dtype}"))
         for mode, points in sorted(modes.items()):
             x, y = zip(*sorted(points))
             # markers as well as line styles: a case run at one concurrency is a point, not a line
@@ -367,6 +373,8 @@ def parse_args(argv):
                                    "with the model copy's tokenizer)")
     p.add_argument("--context-length", type=int, default=131072)
     p.add_argument("--budget", type=int, default=2048, help="--locks-token-budget")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp8_e4m3"],
+                   help="both modes' --kv-cache-dtype (FullKV fp8 is the baseline of LOCKS fp8)")
     p.add_argument("--port", type=int, default=30041)
     p.add_argument("--seed", type=int, default=1, help="bench_serving's --seed and the warm-up prompt's")
     p.add_argument("--run-timeout", type=int, default=420, help="seconds per bench_serving run")
@@ -413,7 +421,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         for mode in args.modes:
             print(" ".join(["python -m sglang.launch_server", *server_flags(model, mode, args.context_length,
-                                                                           args.budget)]))
+                                                                           args.budget, args.kv_cache_dtype)]))
         for c in cases:
             print(" ".join(bench_command(c, model, args.port, f"bench_{c.name}.jsonl", args.seed, trace_path,
                                          len(trace["conversations"]) if trace else 0)))

@@ -251,8 +251,12 @@ def test_server_flags_are_the_same_but_locks_ones_and_parse(model):
                                                                                            131072)
         assert (sa.cuda_graph_max_bs_decode, sa.enable_metrics, sa.mem_fraction_static) == (64, True, 0.85)
         assert not sa.skip_tokenizer_init  # bench_serving sends text
+        assert sa.kv_cache_dtype == "auto"
     assert parsed[0].locks_config is None and parsed[1].locks_config.token_budget == 2048
     assert (parsed[2].locks_config.prefilter, parsed[2].locks_config.prefilter_rank) == (8, 2)
+    fp8 = [prepare_server_args(serving.server_flags(model, mode, 131072, 2048, "fp8_e4m3") + ["--device", "cpu"])
+           for mode in ("fullkv", "locks")]
+    assert [sa.kv_cache_dtype for sa in fp8] == ["fp8_e4m3", "fp8_e4m3"] and fp8[1].locks_config is not None
 
 
 def _bench_args(cmd, monkeypatch):
