@@ -24,7 +24,7 @@ GROUP = 4
 Q_HEADS = KV_HEADS * GROUP
 CONFIG = LocksConfig(token_budget=64, min_context=64)  # 4 pages: sink, local and 2 chosen
 LABELS = {"model_name": "tiny", "tp_rank": "0"}
-LENS = (300, 37, 150, 200)  # request 1 fits in the budget (not observed), request 3 is past the audited 3
+LENS = (300, 37, 150, 200)  # request 1 fits in the budget (not observed); new_audit captures the first 3
 
 
 class TorchDecode:
@@ -72,14 +72,15 @@ def decode_backend(h, audit):
     return Backend()
 
 
-def new_audit(every):
+def new_audit(every, requests=3, captured_requests=3):
     """(a fresh registry, store -> a RecallAudit of this test's shapes reporting there)."""
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry()
     metrics = AuditMetrics(LABELS, registry=registry)
-    return registry, lambda store: RecallAudit(AuditConfig(every=every, requests=3), range(LAYERS), Q_HEADS, KV_HEADS,
-                                              HEAD_DIM, CONFIG.budget_pages, torch.float32, "cpu", store, metrics)
+    config = AuditConfig(every=every, requests=requests, captured_requests=captured_requests)
+    return registry, lambda store: RecallAudit(config, range(LAYERS), Q_HEADS, KV_HEADS, HEAD_DIM,
+                                              CONFIG.budget_pages, torch.float32, "cpu", store, metrics)
 
 
 def run_steps(make_audit, steps, kv_dtype=torch.float32):
@@ -142,6 +143,32 @@ def test_audit_recall_is_the_offline_recall_of_the_same_selection(kv_dtype):
         assert count == 3 * len(AUDITED) * KV_HEADS
         assert total == pytest.approx(float(torch.cat(want).sum()), abs=1e-4)
         assert 0.3 < total / count < 1  # a real selection: some mass lost, most kept
+
+
+@pytest.mark.parametrize("requests, captured, audited", [
+    (1, 64, [[0], [1], [2], [3], [0]]),  # the whole batch captured
+    (1, 2, [[0], [1], [0], [1]]),
+    (3, 64, [[0, 1, 2], [3], [0, 1, 2]]),  # the last window holds what is left
+])
+def test_audits_take_the_captured_requests_in_turn(requests, captured, audited):
+    """Audit k takes the k-th window of `requests` of the batch's first `captured`, cyclically (request 1's
+    pages all fit in the budget, so it is never observed)."""
+    registry, make = new_audit(every=1, requests=requests, captured_requests=captured)
+    h, reqs, audit, record = run_steps(make, steps=len(audited))
+    assert audit.publish() and audit.audits == len(audited)
+    for layer in range(LAYERS):
+        want = [expected_recall(h, reqs, layer, *record[s][layer][:3], b) for s, window in enumerate(audited)
+                for b in window if b in AUDITED + [3]]
+        count, total = recall_samples(registry, layer)
+        assert count == len(want) * KV_HEADS
+        assert total == pytest.approx(float(torch.cat(want).sum()), abs=1e-4)
+
+
+def test_audit_config_bounds():
+    with pytest.raises(ValueError, match="captured_requests"):
+        AuditConfig(every=1, requests=4, captured_requests=2)
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        AuditConfig(every=0)
 
 
 def test_audit_recall_is_within_a_point_of_sglang_locks_evaluate():

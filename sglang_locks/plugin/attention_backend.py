@@ -173,8 +173,9 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         metrics = AuditMetrics(labels)
         audit = RecallAudit(config, locks_layers, self.num_qo_heads, self.num_kv_heads, self.head_dim,
                             self.config.budget_pages, self.q_dtype, runner.device, self.store, metrics)
-        logger.info("LOCKS recall audit every %d LOCKS decode steps: layers %s, the batch's first %d requests",
-                    config.every, [layer for layer, _ in audit.groups], config.requests)
+        logger.info("LOCKS recall audit every %d LOCKS decode steps: layers %s, %d of the batch's first %d requests "
+                    "in turn", config.every, [layer for layer, _ in audit.groups], config.requests,
+                    config.captured_requests)
         return audit
 
     # ------------------------------------------------------------ per-step metadata
@@ -310,12 +311,14 @@ class LocksFlashInferAttnBackend(FlashInferAttnBackend):
         if (self.audit is None or not fb.forward_mode.is_decode() or self.variant != LOCKS
                 or not self.audit.due()):
             return
-        n = min(self.audit.config.requests, fb.batch_size)
-        max_tokens = int(fb.seq_lens_cpu[:n].max())
-        tables = self.req_to_token_pool.req_to_token[fb.req_pool_indices[:n], :max_tokens]
+        start, n = self.audit.window(fb.batch_size)
+        rows = slice(start, start + n)
+        max_tokens = int(fb.seq_lens_cpu[rows].max())
+        tables = self.req_to_token_pool.req_to_token[fb.req_pool_indices[rows], :max_tokens]
         pool = self.token_to_kv_pool
-        self.audit.run({layer: pool.get_key_buffer(layer) for layer in self.audit.slot_of}, tables,
-                       self.locks_seq_lens[:n], max_tokens, self.decoder.sparse.indptr, self.sm_scale, self.k_scales)
+        self.audit.run(start, {layer: pool.get_key_buffer(layer) for layer in self.audit.slot_of}, tables,
+                       self.locks_seq_lens[rows], max_tokens, self.decoder.sparse.indptr, self.sm_scale,
+                       self.k_scales)
 
     # ------------------------------------------------------------ per-layer work
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
