@@ -10,7 +10,7 @@
 #            shared-prefix reuse (~3.5 min)
 #   hicache  HiCache with LOCKS: a turn reloaded from host memory, tokens -> hicache_gpu.log, hicache/hicache_server.json,
 #            as without HiCache, no stale summary, its TTFT against HiCache     hicache_summary_cost.json
-#            without LOCKS; then rebuilding reloaded pages' summaries against copying them (~5 min)
+#            without LOCKS; then rebuilding reloaded pages' summaries against copying them (~6 min)
 #   build    summary-build benchmark, then the host time of a decode     -> summary_build.json, flush_host_time.log
 #            step's summary flush
 #   e2e      SGLang decode, FullKV vs --enable-locks (args go to         -> e2e_decode.json, e2e_logs/

@@ -5,11 +5,13 @@ graphs on):
 
 A device KV pool of 48K tokens. Agent 0's first turn (a 19,200-token prefix and its question), then three other
 agents of 16K tokens each, which push agent 0's pages out to host memory, then agent 0's second turn, whose radix
-hit HiCache loads back. Three servers, one at a time: LOCKS with HiCache, LOCKS without it (the reference tokens),
-stock FlashInfer with HiCache (the baseline's time). LOCKS runs budget 2048, so the second turn is decoded from
-summaries of the reloaded pages: its tokens must equal the reference's, no page may be scored from a stale summary
-(SGLANG_LOCKS_CHECK_STALE=1), and the reloaded pages are counted as rebuilt, not reused. The second turn's time to
-first token and decode speed, with and without LOCKS, go to $OUT/hicache_server.json.
+hit HiCache loads back. Four servers, one at a time: LOCKS with HiCache; LOCKS without it on a pool that holds
+every agent, so that its second turn reads turn 1's KV as computed (the reference tokens: a reloaded page holds
+the same bytes, and a recomputed one need not); LOCKS without HiCache on the 48K pool (it recomputes the prefix:
+its time only); stock FlashInfer with HiCache (the baseline's time). LOCKS runs budget 2048 with every decode step
+sparse, so the second turn is decoded from summaries of the reloaded pages: its tokens must equal the reference's,
+no page may be scored from a stale summary (SGLANG_LOCKS_CHECK_STALE=1), and the reloaded pages are counted as
+rebuilt, not reused. The second turn's time to first token and decode speed go to $OUT/hicache_server.json.
 """
 
 import json
@@ -28,10 +30,10 @@ from server_process import Server, random_prompts as prompts  # noqa: E402
 
 MODEL = os.environ.get("LOCKS_GPU_MODEL", os.path.join(ROOT, ".gpu-kit", "llama8b-dummy"))
 LOG_DIR = os.environ.get("OUT", "/tmp")
-POOL_TOKENS, PAGE = 48 * 1024, 16
+POOL_TOKENS, RESIDENT_POOL_TOKENS, PAGE = 48 * 1024, 128 * 1024, 16
 COMMON = ["--model-path", MODEL, "--load-format", "dummy", "--skip-tokenizer-init", "--context-length", "40960",
-          "--mem-fraction-static", "0.6", "--max-total-tokens", str(POOL_TOKENS), "--page-size", str(PAGE),
-          "--cuda-graph-max-bs", "8", "--disable-prefill-cuda-graph"]
+          "--mem-fraction-static", "0.6", "--page-size", str(PAGE), "--cuda-graph-max-bs", "8",
+          "--disable-prefill-cuda-graph"]
 # io backend "direct": plain copies, no JIT kernel (the GPU machine compiles nothing it was not given).
 HICACHE = ["--enable-hierarchical-cache", "--hicache-ratio", "4", "--hicache-io-backend", "direct"]
 # Every decode step sparse: at the default --locks-min-step-tokens a batch of one 20K-token request decodes densely.
@@ -67,8 +69,8 @@ def run_agents(server, locks: bool) -> dict:
                 before=before, after=after_first, final=server.locks_counters() if locks else None)
 
 
-def serve(name, port, flags, env=None):
-    s = Server(name, port, [*COMMON, *flags], LOG_DIR, env)
+def serve(name, port, flags, env=None, pool_tokens=POOL_TOKENS):
+    s = Server(name, port, [*COMMON, "--max-total-tokens", str(pool_tokens), *flags], LOG_DIR, env)
     try:
         return run_agents(s, "--enable-locks" in flags)
     finally:
@@ -79,7 +81,8 @@ def serve(name, port, flags, env=None):
 def runs():
     check = {"SGLANG_LOCKS_CHECK_STALE": "1"}
     got = {"locks_hicache": serve("locks_hicache", 30031, [*LOCKS, *HICACHE], check),
-           "locks": serve("locks_nohicache", 30032, LOCKS, check),
+           "locks_resident": serve("locks_resident", 30032, LOCKS, check, RESIDENT_POOL_TOKENS),
+           "locks_recompute": serve("locks_recompute", 30034, LOCKS, check),
            "stock_hicache": serve("stock_hicache", 30033, [*STOCK, *HICACHE])}
     with open(os.path.join(LOG_DIR, "hicache_server.json"), "w") as f:
         head = dict(header([]), command="OUT=DIR python -m pytest -q -rs tests/test_server_hicache_gpu.py")
@@ -99,8 +102,10 @@ def test_second_turn_hits_the_host_cache_and_loads_the_prefix_back(runs):
 
 
 def test_tokens_equal_locks_without_hicache(runs):
-    assert runs["locks_hicache"]["turn1"] == runs["locks"]["turn1"]
-    assert runs["locks_hicache"]["turn2"] == runs["locks"]["turn2"]
+    ref = runs["locks_resident"]
+    assert ref["cached_tokens"] >= len(PREFIX) and ref["after"]["loaded_pages"] == 0  # turn 1's KV never left
+    assert runs["locks_hicache"]["turn1"] == ref["turn1"]
+    assert runs["locks_hicache"]["turn2"] == ref["turn2"]
 
 
 def test_second_turn_decodes_from_the_reloaded_pages_summaries(runs):
@@ -110,12 +115,12 @@ def test_second_turn_decodes_from_the_reloaded_pages_summaries(runs):
 
 
 def test_no_page_scored_from_a_stale_summary(runs):
-    assert runs["locks_hicache"]["final"]["stale_scorable_pages"] == 0
-    assert runs["locks"]["final"]["stale_scorable_pages"] == 0
+    for name in ("locks_hicache", "locks_resident", "locks_recompute"):
+        assert runs[name]["final"]["stale_scorable_pages"] == 0, name
 
 
 def test_report_time_against_hicache_without_locks(runs):
-    for name in ("locks_hicache", "stock_hicache"):
+    for name in ("locks_hicache", "stock_hicache", "locks_recompute"):
         r = runs[name]
         print(f"{name}: second turn of {r['turn2_tokens']} tokens, {r['cached_tokens']} cached: TTFT "
               f"{r['ttft_s'] * 1e3:.0f} ms, decode {r['decode_tok_s']:.1f} tok/s")
