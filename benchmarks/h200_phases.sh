@@ -4,6 +4,8 @@
 #
 #   GIT_REV=$(git rev-parse --short HEAD) bash benchmarks/h200_phases.sh "PHASE [args...]" LIMIT_S ["PHASE ..." LIMIT_S ...]
 #
+# A phase is read as a shell reads a command line: "agents --agentic-concurrency ''" passes an empty value.
+#
 # Phase i writes under $OUT/work/pI_PHASE/ (its output in phase.log); after each phase $OUT/results.tgz holds all
 # of them so far, so a call cut short still returns the finished phases; $OUT/phases.txt lists each one's exit
 # status and seconds. Keep the limits' sum inside the call's.
@@ -18,8 +20,8 @@ while [ $# -ge 2 ]; do
     dir="$final/work/p${i}_${spec%% *}"
     mkdir -p "$dir"
     start=$(date +%s)
-    # shellcheck disable=SC2086  # the phase's arguments are words
-    OUT="$dir" timeout "$limit" bash benchmarks/h200_run.sh $spec > "$dir/phase.log" 2>&1
+    # a phase's words as a shell reads them: quotes inside it hold (e.g. --agentic-concurrency '')
+    OUT="$dir" eval "timeout \"\$limit\" bash benchmarks/h200_run.sh $spec" > "$dir/phase.log" 2>&1
     echo "phase $i: $spec: rc=$? in $(( $(date +%s) - start )) s" | tee -a "$final/work/phases.txt"
     tail -n 5 "$dir/phase.log"
     tar czf "$final/results.tgz.tmp" -C "$final" work && mv "$final/results.tgz.tmp" "$final/results.tgz"
