@@ -112,7 +112,8 @@ class RecallAudit:
         (the batch's first min(captured_requests, batch_size)), in turn."""
         pool = min(self.config.captured_requests, batch_size)
         n = self.config.requests
-        start = self.audits % -(-pool // n) * n
+        windows = -(-pool // n)  # the last one may hold fewer
+        start = (self.audits % windows) * n
         return start, min(n, pool - start)
 
     def run(self, start: int, k_buffers: Dict[int, torch.Tensor], tables: torch.Tensor, seq_lens: torch.Tensor,
