@@ -46,9 +46,11 @@ and ignore_eos (its default: every reply has the requested length); counters rea
   FullKV), reused_pages counting exactly those cached pages;
 * ``kv_capacity_tokens``: the KV pool (/server_info ``max_total_num_tokens``; LOCKS's summary store takes
   its share of the same memory), ``startup_s``: launch to /health;
-* agent trace only: ``expected_reused_pages``, agent_trace.cached_tokens' replay of the primer and every
-  turn with the replies the server sent: the pages the trace implies; ``turns_off_expectation``: turns
-  whose reported cached tokens differ from the replay's; ``agents``, ``turns``, ``max_prompt_tokens``;
+* agent trace only: ``expected_reused_pages`` and ``expected_reused_pages_most``, agent_trace.cached_tokens'
+  replay of the primer and every turn with the replies the server sent: the pages the trace implies, the
+  fewest and the most where ``replies_not_reencoded`` replies' text re-encodes to other ids than the server
+  generated (agent_expectation); ``turns_off_expectation``: turns whose reported cached tokens lie outside
+  the replay's bounds; ``agents``, ``turns``, ``max_prompt_tokens``;
   ``system_len`` is the trace's system prompt, ``question_len`` its mean tool message (tokens, chat tag
   included);
 * ``error`` where a run failed (its other results are left out).
@@ -71,6 +73,8 @@ import sys
 import tempfile
 import time
 from typing import List, Optional
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -199,19 +203,34 @@ def server_deltas(before: dict, after: dict, result: dict) -> dict:
 
 def agent_expectation(encoder: PromptEncoder, trace: dict, result: dict, primer_reply: str) -> dict:
     """The replay of the primer and every turn, with the replies the server sent (bench_serving lists the turns
-    conversation by conversation), against the cached tokens the server reported per turn."""
+    conversation by conversation), against the cached tokens the server reported per turn.
+
+    The server caches a reply's generated ids, which the client does not return; the next prompt holds its text
+    re-encoded. Where the text re-encodes to as many ids as were generated (``output_lens``) the replay takes it
+    for them; where not, it replays twice: with ids no prompt holds (the fewest pages the turn can find cached)
+    and with the re-encoded text (the most). A turn is off the expectation outside those bounds."""
     primer = History(encoder)
     for m in primer_messages(trace):
         primer.add(m)
-    requests, at = [(primer.prompt(), encoder.encode_text(primer_reply))], 0
+    most = [(primer.prompt(), encoder.encode_text(primer_reply))]
+    fewest, at, not_reencoded = list(most), 0, 0
+    unknown = -1  # stand-ins for ids the client does not see: negative, so no prompt holds them
     for conversation in trace["conversations"]:
         replies = result["generated_texts"][at:at + len(conversation)]
-        requests += conversation_requests(encoder, conversation, replies)
+        for (prompt, reencoded), generated in zip(conversation_requests(encoder, conversation, replies),
+                                                  result["output_lens"][at:at + len(conversation)]):
+            most.append((prompt, reencoded))
+            if len(reencoded) == generated:
+                fewest.append((prompt, reencoded))
+            else:
+                fewest.append((prompt, np.arange(unknown, unknown - generated, -1)))
+                unknown, not_reencoded = unknown - generated, not_reencoded + 1
         at += len(conversation)
-    expected = cached_tokens(requests)[1:]
-    return dict(expected_reused_pages=reused_pages(expected), agents=len(trace["conversations"]), turns=at,
-                turns_off_expectation=sum(e != c for e, c in zip(expected, result["cached_tokens"])),
-                max_prompt_tokens=max(len(p) for p, _ in requests))
+    low, high = cached_tokens(fewest)[1:], cached_tokens(most)[1:]
+    return dict(expected_reused_pages=reused_pages(low), expected_reused_pages_most=reused_pages(high),
+                replies_not_reencoded=not_reencoded, agents=len(trace["conversations"]), turns=at,
+                turns_off_expectation=sum(not lo <= c <= hi for lo, hi, c in zip(low, high, result["cached_tokens"])),
+                max_prompt_tokens=max(len(p) for p, _ in most))
 
 
 def read_result(path: str) -> dict:

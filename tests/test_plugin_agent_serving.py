@@ -174,9 +174,10 @@ def test_agent_expectation_replays_the_trace_as_sglangs_radix_cache_does(trace, 
         requests += at.conversation_requests(encoder, c, stand_in_replies(tokenizer, c))
     server = _sglang_radix_cached(requests)[1:]
     turns = sum(map(len, trace["conversations"]))
-    result = {"generated_texts": [reply] * turns, "cached_tokens": server}
+    result = {"generated_texts": [reply] * turns, "cached_tokens": server, "output_lens": [SMALL["output_tokens"]] * turns}
     got = serving.agent_expectation(encoder, trace, result, reply)
     assert got["expected_reused_pages"] == sum(c // 16 for c in server) == trace["metadata"]["expected_reused_pages"]
+    assert (got["expected_reused_pages_most"], got["replies_not_reencoded"]) == (got["expected_reused_pages"], 0)
     assert (got["turns_off_expectation"], got["turns"], got["agents"]) == (0, turns, SMALL["agents"])
     assert got["max_prompt_tokens"] == max(len(p) for p, _ in requests)
     # The primer puts the shared prefix in the cache: every agent's first turn reuses its pages.
@@ -184,6 +185,34 @@ def test_agent_expectation_replays_the_trace_as_sglangs_radix_cache_does(trace, 
     assert [server[i] for i in first] == [trace["metadata"]["shared_pages"] * 16] * SMALL["agents"]
     assert trace["metadata"]["shared_prefix_tokens"] > SMALL["system_tokens"]
     off = serving.agent_expectation(encoder, trace, dict(result, cached_tokens=[0] * turns), reply)
+    assert off["turns_off_expectation"] == turns
+
+
+def test_agent_expectation_bounds_replies_that_do_not_reencode_to_their_ids(trace, tokenizer):
+    """Replies generated as a word and an id that decodes to nothing in turn (what the kit's dummy models send):
+    the server caches twice the ids that the next prompt holds. Its cached tokens lie between the replay's bounds,
+    which differ."""
+    encoder = at.PromptEncoder(tokenizer)
+    silent = tokenizer.all_special_ids[0]
+    assert tokenizer.decode([silent], skip_special_tokens=True) == ""
+    primer = at.History(encoder)
+    for m in at.primer_messages(trace):
+        primer.add(m)
+    requests = [(primer.prompt(), np.array([], dtype=np.int64))]
+    texts = []
+    for c in trace["conversations"]:
+        replies = stand_in_replies(tokenizer, c)
+        for prompt, words in at.conversation_requests(encoder, c, replies):
+            requests.append((prompt, np.stack([words, np.full_like(words, silent)], axis=1).reshape(-1)))
+        texts += replies
+    server = _sglang_radix_cached(requests)[1:]
+    turns = len(texts)
+    result = {"generated_texts": texts, "cached_tokens": server, "output_lens": [2 * SMALL["output_tokens"]] * turns}
+    got = serving.agent_expectation(encoder, trace, result, "")
+    assert got["replies_not_reencoded"] == turns and got["turns_off_expectation"] == 0
+    assert got["expected_reused_pages"] <= sum(c // 16 for c in server) <= got["expected_reused_pages_most"]
+    assert got["expected_reused_pages"] < got["expected_reused_pages_most"]
+    off = serving.agent_expectation(encoder, trace, dict(result, cached_tokens=[0] * turns), "")
     assert off["turns_off_expectation"] == turns
 
 
