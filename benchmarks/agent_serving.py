@@ -34,7 +34,8 @@ and ignore_eos (its default: every reply has the requested length); counters rea
 
 * from bench_serving's ``--output-file`` line: ``output_throughput`` (tok/s), ``median_ttft_ms``,
   ``p99_ttft_ms``, ``median_itl_ms``, ``p99_itl_ms``, ``completed``, ``duration`` (s),
-  ``total_output_tokens``;
+  ``total_output_tokens``; ``tokens_per_itl``: the tokens an ITL spans (the client times a streamed chunk,
+  and a chat stream sends one only when the text grows: 2 where every other id decodes to nothing);
 * ``input_tokens``: the server's prompt tokens over the run (/metrics ``sglang:prompt_tokens_total``);
   ``total_throughput`` = (input_tokens + total_output_tokens) / duration (bench_serving's own counts no
   input tokens for a multi-turn replay);
@@ -183,7 +184,9 @@ def context_needed(cases: List[Case], trace: Optional[dict]) -> int:
 # ---------------------------------------------------------------------------------------------- results
 def bench_metrics(result: dict) -> dict:
     """The row's fields from one bench_serving --output-file line."""
-    return {k: result[k] for k in BENCH_KEYS}
+    itls = sum(map(len, result["itls"]))
+    steps = sum(result["output_lens"]) - len(result["output_lens"])  # decode steps after each first token
+    return dict({k: result[k] for k in BENCH_KEYS}, tokens_per_itl=steps / itls if itls else None)
 
 
 def counters(server: Server) -> dict:

@@ -336,7 +336,7 @@ def test_every_result_key_read_is_one_bench_serving_writes(stand_ins):
     import sglang.benchmark.serving as bench
 
     source = inspect.getsource(bench.benchmark)
-    for key in (*serving.BENCH_KEYS, "cached_tokens", "generated_texts", "errors"):
+    for key in (*serving.BENCH_KEYS, "cached_tokens", "generated_texts", "errors", "output_lens", "itls"):
         assert f'"{key}"' in source, key
 
 
@@ -344,7 +344,8 @@ SAMPLE = {"backend": "sglang", "dataset_name": serving.GSP, "completed": 4, "dur
           "total_output_tokens": 1024, "output_throughput": 512.0, "total_throughput": 2560.0,
           "median_ttft_ms": 310.0, "p99_ttft_ms": 7100.0, "median_itl_ms": 12.5, "p99_itl_ms": 30.0,
           "mean_itl_ms": 13.0, "cached_tokens": [0, 102400, 102400, 102415], "errors": ["", "", "", ""],
-          "generated_texts": ["t5 t6"] * 4}
+          "generated_texts": ["t5 t6"] * 4, "output_lens": [256] * 4,
+          "itls": [[0.0375] * 85] * 4}  # a streamed chunk every 3 tokens
 METRICS = """# TYPE sglang:prompt_tokens_total counter
 sglang:prompt_tokens_total{is_streaming="true",model_name="m"} %d
 sglang:prompt_tokens_created{is_streaming="true",model_name="m"} 1.7e9
@@ -367,7 +368,7 @@ def test_row_fields_from_a_result_line_and_the_servers_counters(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(dict(SAMPLE, completed=1)) + "\n" + json.dumps(SAMPLE) + "\n")
     result = serving.read_result(str(path))  # the last line: bench_serving appends
-    assert serving.bench_metrics(result) == {k: SAMPLE[k] for k in serving.BENCH_KEYS}
+    assert serving.bench_metrics(result) == dict({k: SAMPLE[k] for k in serving.BENCH_KEYS}, tokens_per_itl=3.0)
     locks = dict(built_pages=10, reused_pages=3, released_pages=0)
     before = serving.counters(FakeServer(1000, 100, locks))
     after = serving.counters(FakeServer(1000 + 4 * 104448, 100 + 307215, dict(locks, built_pages=6410,
