@@ -22,7 +22,8 @@ CASES = [
 
 
 def score_tolerance(precision, device):
-    # float32 summaries go through a TF32 dot on the GPU; int8 summaries and the CPU interpreter are exact to 1e-3
+    # As score_pages_triton's test: float32 summaries meet a TF32 tensor-core dot on the GPU (the interpreter's is
+    # float32); int8/int4 operands are exact there.
     return 1e-3 if precision == "int8-int4-int8" or device == "cpu" else 2e-2
 
 
@@ -45,8 +46,6 @@ def test_shared_runs_scored_once_give_each_requests_scores(hkv, group, batch, pr
     scores, part_max, part_sum = score_pages_shared(q, *args, runs, chunk_pages=16)
     ref = score_pages_torch(q.double(), *args)
     sealed_pages = torch.isfinite(ref)
-    # As score_pages_triton's test: float32 summaries meet a TF32 tensor-core dot on the GPU (the interpreter's is
-    # float32); int8/int4 operands are exact there.
     tol = score_tolerance(precision, device)
     assert torch.allclose(scores[sealed_pages].double(), ref[sealed_pages], atol=tol, rtol=tol)
     # The partials of both launches make each query head's mass over its sealed pages.
