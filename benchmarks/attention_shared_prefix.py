@@ -12,6 +12,9 @@ requests' selected pages. On the H200, from the repository root (the last two: t
         python3 benchmarks/attention_shared_prefix.py --profile-scoring --case llama3.1-8b:32:96K:4K > $OUT/ncu.csv
     python3 benchmarks/attention_shared_prefix.py --out $OUT/asp.json --ncu-csv $OUT/ncu.csv \
         --case llama3.1-8b:32:96K:4K
+Each score launch's time, DRAM bytes and grid per mode: ncu with --metrics gpu__time_duration.sum,dram__bytes_read.sum,
+launch__grid_size around --profile-scoring --profile-mode MODE, then --ncu-launches MODE=CSV (repeatable) writes
+results/score_shared_kernels.json (benchmarks/h200_run.sh's shared phase runs all of it).
 (--out defaults to benchmarks/results/attention_shared_prefix.json; $OUT is the device's folder that comes back.)
 """
 
@@ -42,12 +45,19 @@ from sglang_locks.summaries import PageSummaries  # noqa: E402
 DEFAULT_CASES = ("llama3.1-8b:32:96K:4K", "llama3.1-8b:16:96K:4K", "llama3.1-8b:8:96K:4K", "llama3.1-8b:32:32K:4K",
                  "glm4-9b-1m:32:96K:4K")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "attention_shared_prefix.json")
+DEFAULT_LAUNCHES_OUT = os.path.join(os.path.dirname(DEFAULT_OUT), "score_shared_kernels.json")
 CASCADE_BACKENDS = ("fa2", "fa3")
 # FA2 levels at GLM-4-9B-1M 32 x 96K need 264 MiB of temporaries (256 MiB failed to plan).
 CASCADE_WORKSPACE_BYTES = 1 << 30
 NCU_METRIC = "dram__bytes_read.sum"
-NCU_BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
-                  "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+# ncu's units row, to base units (bytes, seconds; "" for counts)
+NCU_UNITS = {"": 1, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6,
+             "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "ns": 1e-9, "nsecond": 1e-9, "us": 1e-6,
+             "usecond": 1e-6, "ms": 1e-3, "msecond": 1e-3, "s": 1, "second": 1}
+# what each profiled score launch of a mode's layer is, in launch order (profile_scoring)
+LAUNCH_ROLES = {"locks": ("per_request",), "locks_shared": ("shared_run", "own_pages"),
+                "locks_prefilter": ("estimate", "candidates")}
+LAUNCH_METRICS = {"gpu__time_duration.sum": "gpu_time_us", NCU_METRIC: "dram_bytes", "launch__grid_size": "grid_size"}
 
 
 # ---------------------------------------------------------------------------------------------- cases (CPU)
@@ -226,35 +236,63 @@ def selection_overlap(indptr: torch.Tensor, indices: torch.Tensor, num_kv_heads:
 
 
 # ---------------------------------------------------------------------------------------------- ncu (CPU)
-def parse_ncu_csv(text: str, kernel_regex: str = "score"):
-    """(dram__bytes_read.sum summed over the launches of kernels matching kernel_regex, launches) from ncu's
-    `--csv --page raw` output (other lines, such as ==PROF== messages, are skipped; a units row scales values)."""
+def ncu_launches(text: str, kernel_regex: str = "score") -> List[dict]:
+    """One dict per launch of a kernel matching kernel_regex in ncu's `--csv --page raw` output: "kernel" and
+    each metric column's value in base units (NCU_UNITS; other lines, such as ==PROF== messages, are skipped)."""
     rows = list(csv.reader(text.splitlines()))
     at = next((i for i, r in enumerate(rows) if "Kernel Name" in r and NCU_METRIC in r), None)
     if at is None:
         raise ValueError(f"--ncu-csv holds no table with a {NCU_METRIC} column (ncu --metrics {NCU_METRIC} "
                          f"--csv --page raw)")
     header = rows[at]
-    name, col = header.index("Kernel Name"), header.index(NCU_METRIC)
-    scale, total, launches = 1.0, 0.0, 0
+    name = header.index("Kernel Name")
+    metrics = [i for i, h in enumerate(header) if re.fullmatch(r"[a-z0-9_]+__[a-z0-9_.]+", h)]
+    scales = {i: 1.0 for i in metrics}
+    launches = []
     for r in rows[at + 1:]:
         if len(r) != len(header):
             continue
-        value = r[col].replace(",", "").strip()
-        if value in NCU_BYTE_UNITS:
-            scale = NCU_BYTE_UNITS[value]
+        if not r[0].strip():  # the units row: no launch ID
+            for i in metrics:
+                unit = r[i].strip()
+                if unit not in NCU_UNITS:
+                    raise ValueError(f"--ncu-csv: unit {unit!r} of {header[i]} is not one of {sorted(NCU_UNITS)}")
+                scales[i] = NCU_UNITS[unit]
             continue
         if not re.search(kernel_regex, r[name]):
             continue
-        try:
-            total += float(value) * scale
-        except ValueError:
-            raise ValueError(f"--ncu-csv: {NCU_METRIC} of {r[name]} is {r[col]!r}, not a number of "
-                             f"{sorted(NCU_BYTE_UNITS)}") from None
-        launches += 1
+        launch = {"kernel": r[name]}
+        for i in metrics:
+            try:
+                launch[header[i]] = float(r[i].replace(",", "").strip()) * scales[i]
+            except ValueError:
+                raise ValueError(f"--ncu-csv: {header[i]} of {r[name]} is {r[i]!r}, not a number") from None
+        launches.append(launch)
     if not launches:
         raise ValueError(f"--ncu-csv holds no launch of a kernel matching {kernel_regex!r}")
-    return total, launches
+    return launches
+
+
+def parse_ncu_csv(text: str, kernel_regex: str = "score"):
+    """(dram__bytes_read.sum summed over the launches of kernels matching kernel_regex, launches)."""
+    launches = ncu_launches(text, kernel_regex)
+    return sum(launch[NCU_METRIC] for launch in launches), len(launches)
+
+
+def score_launch_rows(mode: str, text: str, kernel_regex: str = "_score_") -> List[dict]:
+    """score_shared_kernels.json's rows of mode's profiled score launches (ncu_launches of text): each with its
+    role (LAUNCH_ROLES, in launch order) and LAUNCH_METRICS' values (None where ncu was not asked for one)."""
+    if mode not in LAUNCH_ROLES:
+        raise ValueError(f"--ncu-launches: mode {mode!r} is not one of {sorted(LAUNCH_ROLES)}")
+    roles = LAUNCH_ROLES[mode]
+    rows = []
+    for i, launch in enumerate(ncu_launches(text, kernel_regex)):
+        row = {"mode": mode, "launch": roles[i % len(roles)], "kernel": launch["kernel"]}
+        for metric, key in LAUNCH_METRICS.items():
+            value = launch.get(metric)
+            row[key] = None if value is None else (value * 1e6 if key == "gpu_time_us" else value)
+        rows.append(row)
+    return rows
 
 
 def merge_scoring_dram(results: dict, case: Case, own_spread: int, seed: int, dram_bytes: float,
@@ -542,6 +580,33 @@ def git_rev() -> str:
                                                        text=True).stdout.strip() or "unknown"
 
 
+def _mode_and_file(spec: str):
+    mode, sep, path = spec.partition("=")
+    if not sep or mode not in LAUNCH_ROLES or not path:
+        raise ValueError(f"--ncu-launches takes MODE=CSV with MODE one of {sorted(LAUNCH_ROLES)}, got {spec!r}")
+    return mode, path
+
+
+def write_score_launches(args) -> None:
+    """--ncu-launches: the profiled launches of each mode as rows, under the header of the run they belong to."""
+    with open(args.out) as f:
+        run = json.load(f)
+    rows = []
+    for mode, path in args.ncu_launches:
+        with open(path) as f:
+            rows += score_launch_rows(mode, f.read())
+    header = {key: run[key] for key in ("gpu", "git", "date")}
+    case = args.cases[0]
+    header.update(command=" ".join(["python"] + sys.argv),
+                  case=case.key, own_spread=args.own_spread, seed=args.seed,
+                  note="one layer's score launches in one eager step of each mode (--profile-scoring --profile-mode "
+                       "MODE under ncu --clock-control none); ncu flushes the caches before each profiled launch, "
+                       "so DRAM bytes are a cold layer's")
+    with open(args.launches_out, "w") as f:
+        json.dump({**header, "rows": rows}, f, indent=1)
+    print(f"wrote {len(rows)} launches to {args.launches_out}")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT, help="result JSON (read and updated by --ncu-csv)")
@@ -566,11 +631,17 @@ def parse_args(argv=None):
     ap.add_argument("--ncu-csv", help="ncu --csv --page raw output of --profile-scoring: add its scoring DRAM bytes "
                                       "to the --out row of the one --case, and exit")
     ap.add_argument("--ncu-kernel-regex", default="score", help="kernels of --ncu-csv counted as the scoring")
+    ap.add_argument("--ncu-launches", action="append", metavar="MODE=CSV", default=[],
+                    help=f"ncu --csv --page raw output of --profile-mode MODE ({', '.join(LAUNCH_ROLES)}), "
+                         f"repeatable: write each score launch's time, DRAM bytes and grid to --launches-out, "
+                         f"under --out's gpu, git and date, and exit")
+    ap.add_argument("--launches-out", default=DEFAULT_LAUNCHES_OUT, help="where --ncu-launches writes")
     args = ap.parse_args(argv)
     try:
         args.cases = [parse_case(c) for c in (args.cases or DEFAULT_CASES)]
-        if (args.profile_scoring or args.ncu_csv) and len(args.cases) != 1:
-            raise ValueError("--profile-scoring and --ncu-csv take exactly one --case")
+        args.ncu_launches = [_mode_and_file(spec) for spec in args.ncu_launches]
+        if (args.profile_scoring or args.ncu_csv or args.ncu_launches) and len(args.cases) != 1:
+            raise ValueError("--profile-scoring, --ncu-csv and --ncu-launches take exactly one --case")
         for name in ("reps", "rounds"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -593,6 +664,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.ncu_launches:
+        write_score_launches(args)
+        return
     if args.ncu_csv:
         with open(args.out) as f:
             results = json.load(f)

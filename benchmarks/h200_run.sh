@@ -17,9 +17,9 @@
 #            e2e_decode.py, e.g. --case synthetic:llama8b:1; the whole plan needs ~20 min: split it;
 #            run through e2e_host_times.py: the worker logs carry per-step host times)
 #   shared   the attention step on shared-prefix batches (stock, cascade, -> attention_shared_prefix.json, ncu.csv,
-#            LOCKS, LOCKS with shared runs scored once, prefiltered), then   ncu_locks_shared.csv,
-#            the score kernels' DRAM bytes at Llama 32 x 96K from Nsight      ncu_locks_prefilter.csv
-#            Compute, and each score launch's time in the other modes (~3 min)
+#            LOCKS, LOCKS with shared runs scored once, prefiltered), then   score_shared_kernels.json,
+#            the score kernels' DRAM bytes at Llama 32 x 96K from Nsight      ncu_locks*.csv
+#            Compute, and each score launch's time in each mode (~3 min)
 #   agents   server throughput under shared-prefix and agent load,       -> agent_serving.json, .png, agent_logs/
 #            FullKV vs LOCKS (~8 min; args go to agent_serving.py)
 #   soak     starts benchmarks/soak.py detached (it outlives the call:    -> soak_start.log
@@ -76,13 +76,17 @@ shared)
         --page raw --print-units base python3 benchmarks/attention_shared_prefix.py --profile-scoring --case $case \
         > "$OUT/ncu.csv" && python3 benchmarks/attention_shared_prefix.py --out "$OUT/attention_shared_prefix.json" \
         --ncu-csv "$OUT/ncu.csv" --case $case
-    # each score launch's time and DRAM bytes in the other modes' steps (one eager step each)
-    for mode in locks_shared locks_prefilter; do
+    # each score launch's time and DRAM bytes in each mode's step (one eager step each)
+    for mode in locks locks_shared locks_prefilter; do
         ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size \
             --kernel-name regex:_score_ --launch-count 6 --csv --page raw --print-units base python3 \
             benchmarks/attention_shared_prefix.py --profile-scoring --profile-mode $mode --case $case \
             > "$OUT/ncu_$mode.csv"
-    done ;;
+    done
+    python3 benchmarks/attention_shared_prefix.py --out "$OUT/attention_shared_prefix.json" --case $case \
+        --launches-out "$OUT/score_shared_kernels.json" --ncu-launches locks="$OUT/ncu_locks.csv" \
+        --ncu-launches locks_shared="$OUT/ncu_locks_shared.csv" \
+        --ncu-launches locks_prefilter="$OUT/ncu_locks_prefilter.csv" ;;
 agents)
     python3 benchmarks/agent_serving.py --out "$OUT/agent_serving.json" --log-dir "$OUT/agent_logs" "$@" 2>&1 \
         | tee "$OUT/agent_serving.log"

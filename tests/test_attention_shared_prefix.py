@@ -212,6 +212,36 @@ def test_parse_ncu_csv_says_what_is_wrong(text, message):
         asp.parse_ncu_csv(text)
 
 
+LAUNCHES_CSV = """==PROF== Connected to process 77 (/usr/bin/python3.12)
+"ID","Kernel Name","Block Size","gpu__time_duration.sum","dram__bytes_read.sum","launch__grid_size"
+"","","","ns","byte",""
+"0","_score_pages_kernel","(128, 1, 1)","432,384","55,715,328","1,280"
+"1","_score_pages_kernel","(128, 1, 1)","120,992","73,807,872","1,280"
+"2","_score_pages_kernel","(128, 1, 1)","434,208","55,772,416","1,280"
+"""
+
+
+def test_ncu_launches_reads_every_metric_in_base_units():
+    launches = asp.ncu_launches(LAUNCHES_CSV.replace('"ns"', '"usecond"'), "_score_")
+    assert [launch["kernel"] for launch in launches] == ["_score_pages_kernel"] * 3
+    assert launches[1]["gpu__time_duration.sum"] == pytest.approx(120992e-6)
+    assert launches[1]["launch__grid_size"] == 1280 and launches[2]["dram__bytes_read.sum"] == 55772416
+    with pytest.raises(ValueError, match="unit 'furlong'"):
+        asp.ncu_launches(LAUNCHES_CSV.replace('"ns"', '"furlong"'))
+
+
+def test_score_launch_rows_name_each_launch_by_its_place_in_the_layer():
+    rows = asp.score_launch_rows("locks_prefilter", LAUNCHES_CSV)
+    assert [r["launch"] for r in rows] == ["estimate", "candidates", "estimate"]
+    assert rows[0]["gpu_time_us"] == pytest.approx(432.384) and rows[0]["grid_size"] == 1280
+    # a profile without the time metric leaves it None rather than guessing
+    dram_only = asp.score_launch_rows("locks", NCU_CSV, "_score_pages")
+    assert [(r["launch"], r["gpu_time_us"]) for r in dram_only] == [("per_request", None)] * 2
+    assert dram_only[1]["dram_bytes"] == pytest.approx(1046.75e6)
+    with pytest.raises(ValueError, match="mode 'dense'"):
+        asp.score_launch_rows("dense", LAUNCHES_CSV)
+
+
 def _results():
     row = {"case": "llama3.1-8b:32:98304:4096", "own_spread": 1000, "seed": 0, "layers": 32,
            "summary_bytes_once": 4e9, "summary_bytes": 40e9}
@@ -245,6 +275,27 @@ def test_cli_help_and_ncu_merge_run_without_a_gpu(tmp_path):
     run = subprocess.run([sys.executable, script, "--case", "llama3.1-8b:32:96K:4K", "--case", "glm4-9b-1m:1:32:4",
                           "--profile-scoring", "--own-spread", "0"], capture_output=True, text=True, env=env)
     assert run.returncode == 2 and "exactly one --case" in run.stderr
+
+
+def test_cli_writes_the_score_launches_under_the_runs_header(tmp_path):
+    script = os.path.join(ROOT, "benchmarks", "attention_shared_prefix.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out, launches, prefilter, shared = (tmp_path / n for n in ("r.json", "k.json", "p.csv", "s.csv"))
+    out.write_text(json.dumps({"gpu": "NVIDIA H200", "git": "abc1234", "date": "2026-12-02", **_results()}))
+    prefilter.write_text(LAUNCHES_CSV)
+    shared.write_text(LAUNCHES_CSV.replace("_score_pages_kernel", "_score_segments_kernel"))
+    run = subprocess.run([sys.executable, script, "--out", str(out), "--case", "llama3.1-8b:32:96K:4K",
+                          "--launches-out", str(launches), "--ncu-launches", f"locks_prefilter={prefilter}",
+                          "--ncu-launches", f"locks_shared={shared}"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    written = json.loads(launches.read_text())
+    assert (written["git"], written["case"]) == ("abc1234", "llama3.1-8b:32:98304:4096")
+    assert [(r["mode"], r["launch"]) for r in written["rows"]] == [
+        ("locks_prefilter", "estimate"), ("locks_prefilter", "candidates"), ("locks_prefilter", "estimate"),
+        ("locks_shared", "shared_run"), ("locks_shared", "own_pages"), ("locks_shared", "shared_run")]
+    run = subprocess.run([sys.executable, script, "--ncu-launches", "fast=x.csv", "--case", "llama3.1-8b:32:96K:4K"],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 2 and "--ncu-launches takes MODE=CSV" in run.stderr
 
 
 def test_the_prefilter_mode_is_configured_from_its_flags():
