@@ -236,9 +236,10 @@ def selection_overlap(indptr: torch.Tensor, indices: torch.Tensor, num_kv_heads:
 
 
 # ---------------------------------------------------------------------------------------------- ncu (CPU)
-def ncu_launches(text: str, kernel_regex: str = "score") -> List[dict]:
+def ncu_launches(text: str, kernel_regex: str = "score", metrics=(NCU_METRIC,)) -> List[dict]:
     """One dict per launch of a kernel matching kernel_regex in ncu's `--csv --page raw` output: "kernel" and
-    each metric column's value in base units (NCU_UNITS; other lines, such as ==PROF== messages, are skipped)."""
+    the value of each of metrics that the table has, in base units (NCU_UNITS); other lines, such as ==PROF==
+    messages, and other columns are skipped."""
     rows = list(csv.reader(text.splitlines()))
     at = next((i for i, r in enumerate(rows) if "Kernel Name" in r and NCU_METRIC in r), None)
     if at is None:
@@ -246,14 +247,14 @@ def ncu_launches(text: str, kernel_regex: str = "score") -> List[dict]:
                          f"--csv --page raw)")
     header = rows[at]
     name = header.index("Kernel Name")
-    metrics = [i for i, h in enumerate(header) if re.fullmatch(r"[a-z0-9_]+__[a-z0-9_.]+", h)]
-    scales = {i: 1.0 for i in metrics}
+    columns = [header.index(m) for m in metrics if m in header]
+    scales = {i: 1.0 for i in columns}
     launches = []
     for r in rows[at + 1:]:
         if len(r) != len(header):
             continue
         if not r[0].strip():  # the units row: no launch ID
-            for i in metrics:
+            for i in columns:
                 unit = r[i].strip()
                 if unit not in NCU_UNITS:
                     raise ValueError(f"--ncu-csv: unit {unit!r} of {header[i]} is not one of {sorted(NCU_UNITS)}")
@@ -262,7 +263,7 @@ def ncu_launches(text: str, kernel_regex: str = "score") -> List[dict]:
         if not re.search(kernel_regex, r[name]):
             continue
         launch = {"kernel": r[name]}
-        for i in metrics:
+        for i in columns:
             try:
                 launch[header[i]] = float(r[i].replace(",", "").strip()) * scales[i]
             except ValueError:
@@ -286,11 +287,11 @@ def score_launch_rows(mode: str, text: str, kernel_regex: str = "_score_") -> Li
         raise ValueError(f"--ncu-launches: mode {mode!r} is not one of {sorted(LAUNCH_ROLES)}")
     roles = LAUNCH_ROLES[mode]
     rows = []
-    for i, launch in enumerate(ncu_launches(text, kernel_regex)):
+    for i, launch in enumerate(ncu_launches(text, kernel_regex, tuple(LAUNCH_METRICS))):
         row = {"mode": mode, "launch": roles[i % len(roles)], "kernel": launch["kernel"]}
         for metric, key in LAUNCH_METRICS.items():
             value = launch.get(metric)
-            row[key] = None if value is None else (value * 1e6 if key == "gpu_time_us" else value)
+            row[key] = None if value is None else {"gpu_time_us": value * 1e6, "grid_size": int(value)}.get(key, value)
         rows.append(row)
     return rows
 

@@ -213,21 +213,24 @@ def test_parse_ncu_csv_says_what_is_wrong(text, message):
 
 
 LAUNCHES_CSV = """==PROF== Connected to process 77 (/usr/bin/python3.12)
-"ID","Kernel Name","Block Size","gpu__time_duration.sum","dram__bytes_read.sum","launch__grid_size"
-"","","","ns","byte",""
-"0","_score_pages_kernel","(128, 1, 1)","432,384","55,715,328","1,280"
-"1","_score_pages_kernel","(128, 1, 1)","120,992","73,807,872","1,280"
-"2","_score_pages_kernel","(128, 1, 1)","434,208","55,772,416","1,280"
+"ID","Kernel Name","Block Size","gpu__time_duration.sum","dram__bytes_read.sum","launch__block_dim_x","launch__grid_size"
+"","","","ns","byte","block",""
+"0","_score_pages_kernel","(128, 1, 1)","432,384","55,715,328","128","1,280"
+"1","_score_pages_kernel","(128, 1, 1)","120,992","73,807,872","128","1,280"
+"2","_score_pages_kernel","(128, 1, 1)","434,208","55,772,416","128","1,280"
 """
 
 
 def test_ncu_launches_reads_every_metric_in_base_units():
-    launches = asp.ncu_launches(LAUNCHES_CSV.replace('"ns"', '"usecond"'), "_score_")
+    metrics = tuple(asp.LAUNCH_METRICS)
+    launches = asp.ncu_launches(LAUNCHES_CSV.replace('"ns"', '"usecond"'), "_score_", metrics)
     assert [launch["kernel"] for launch in launches] == ["_score_pages_kernel"] * 3
     assert launches[1]["gpu__time_duration.sum"] == pytest.approx(120992e-6)
     assert launches[1]["launch__grid_size"] == 1280 and launches[2]["dram__bytes_read.sum"] == 55772416
     with pytest.raises(ValueError, match="unit 'furlong'"):
-        asp.ncu_launches(LAUNCHES_CSV.replace('"ns"', '"furlong"'))
+        asp.ncu_launches(LAUNCHES_CSV.replace('"ns"', '"furlong"'), "_score_", metrics)
+    # columns not asked for are not read: their units are theirs (launch__block_dim_x's "block")
+    assert "launch__block_dim_x" not in launches[0] and len(asp.ncu_launches(LAUNCHES_CSV)) == 3
 
 
 def test_score_launch_rows_name_each_launch_by_its_place_in_the_layer():
