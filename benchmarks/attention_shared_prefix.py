@@ -57,7 +57,9 @@ NCU_UNITS = {"": 1, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte"
 # what each profiled score launch of a mode's layer is, in launch order (profile_scoring)
 LAUNCH_ROLES = {"locks": ("per_request",), "locks_shared": ("shared_run", "own_pages"),
                 "locks_prefilter": ("estimate", "candidates")}
-LAUNCH_METRICS = {"gpu__time_duration.sum": "gpu_time_us", NCU_METRIC: "dram_bytes", "launch__grid_size": "grid_size"}
+# ncu metric (base units) -> the row's key and its value there
+LAUNCH_METRICS = {"gpu__time_duration.sum": ("gpu_time_us", lambda seconds: seconds * 1e6),
+                  NCU_METRIC: ("dram_bytes", float), "launch__grid_size": ("grid_size", int)}
 
 
 # ---------------------------------------------------------------------------------------------- cases (CPU)
@@ -289,9 +291,9 @@ def score_launch_rows(mode: str, text: str, kernel_regex: str = "_score_") -> Li
     rows = []
     for i, launch in enumerate(ncu_launches(text, kernel_regex, tuple(LAUNCH_METRICS))):
         row = {"mode": mode, "launch": roles[i % len(roles)], "kernel": launch["kernel"]}
-        for metric, key in LAUNCH_METRICS.items():
+        for metric, (key, convert) in LAUNCH_METRICS.items():
             value = launch.get(metric)
-            row[key] = None if value is None else {"gpu_time_us": value * 1e6, "grid_size": int(value)}.get(key, value)
+            row[key] = None if value is None else convert(value)
         rows.append(row)
     return rows
 
